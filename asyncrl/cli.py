@@ -1,0 +1,105 @@
+"""The `asyncrl` command line.
+
+    asyncrl demo                                  the main job on the embedded default task
+    asyncrl train CONFIG.yaml [key=value ...]     train with a config file plus dotted overrides
+    asyncrl config show [CONFIG.yaml] [key=value ...]
+    asyncrl data make arithmetic --out DIR [--train-size N --val-size M --seed S --set knob=value]
+    asyncrl bench {engine,sync,modes} ...
+
+Errors in the user's input (config, data, reward function) print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from asyncrl.config import ConfigError, dump_config, load_config
+from asyncrl.data.reader import DatasetError
+from asyncrl.rewards.loader import RewardLoadError
+
+USER_ERRORS = (ConfigError, DatasetError, RewardLoadError)
+
+
+def split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """[FILE] [key=value ...]: the file is the first argument without '='."""
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def command_config_show(options: argparse.Namespace) -> int:
+    path, overrides = split_config_args(options.args)
+    print(dump_config(load_config(path, overrides)), end="")
+    return 0
+
+
+def command_data_make(options: argparse.Namespace) -> int:
+    from asyncrl.data.make import make_task, write_task
+    knobs = dict(item.split("=", 1) for item in options.set)
+    try:
+        task = make_task(options.task, knobs)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(str(error)) from None
+    paths = write_task(task, options.out, options.train_size, options.val_size, options.seed)
+    print(f"wrote {options.train_size} training and {options.val_size} validation prompts of {task}:")
+    for path in paths.values():
+        print(f"  {path}")
+    return 0
+
+
+def command_not_yet(options: argparse.Namespace) -> int:
+    print(f"asyncrl {options.command}: not yet available in this version (the trainer and recipes are still "
+          f"being built; see the README's status section).", file=sys.stderr)
+    return 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asyncrl", description="RL post-training for language models: "
+                                     "sync, one-step-off and fully-async PPO/GRPO on Ray.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="the main job: make the arithmetic task, build a tiny model, "
+                               "warm-start it with SFT, train it with RL, report validation accuracy")
+    demo.set_defaults(run=command_not_yet)
+
+    train = commands.add_parser("train", help="train with CONFIG.yaml plus key=value overrides")
+    train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value]")
+    train.set_defaults(run=command_not_yet)
+
+    bench = commands.add_parser("bench", help="benchmarks: engine, sync (weight sync), modes")
+    bench.add_argument("what", choices=["engine", "sync", "modes"])
+    bench.set_defaults(run=command_not_yet)
+
+    config = commands.add_parser("config", help="inspect configs")
+    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
+    show = config_commands.add_parser("show", help="print the resolved config of [CONFIG.yaml] [key=value ...]")
+    show.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value]")
+    show.set_defaults(run=command_config_show)
+
+    data = commands.add_parser("data", help="datasets")
+    data_commands = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    make = data_commands.add_parser("make", help="write a built-in task as train.parquet and val.parquet",
+                                    description="Tasks and their knobs: arithmetic (min_digits, max_digits, "
+                                    "num_operands, operators), countdown (num_numbers, max_number, operators).")
+    make.add_argument("task", help="arithmetic or countdown")
+    make.add_argument("--out", required=True, help="output folder")
+    make.add_argument("--train-size", type=int, default=4000)
+    make.add_argument("--val-size", type=int, default=200)
+    make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="task difficulty knob")
+    make.set_defaults(run=command_data_make)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = build_parser().parse_args(argv)
+    try:
+        return options.run(options)
+    except USER_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Cross-field rules of a config, checked once at start (before any Ray worker exists).
+
+Each rule raises `ConfigError` naming the keys involved and their values.
+"""
+
+from __future__ import annotations
+
+from asyncrl.config.loader import ConfigError
+from asyncrl.config.schema import AsyncRLConfig
+
+# Estimators that compare the n responses of one prompt, so they need n >= 2 to mean anything.
+GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"})
+ADVANTAGE_ESTIMATORS = GROUP_ESTIMATORS | {"gae", "reinforce_plus_plus", "remax"}
+KL_TYPES = frozenset({"k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"})
+LOGGERS = frozenset({"console", "jsonl", "tensorboard", "wandb", "mlflow"})
+
+
+def check_invariants(config: AsyncRLConfig) -> None:
+    check_batch_sizes(config)
+    check_algorithm(config)
+    check_async(config)
+    unknown_loggers = sorted(set(config.trainer.logger) - LOGGERS)
+    if unknown_loggers:
+        raise ConfigError(f"trainer.logger: unknown tracker(s) {unknown_loggers}; valid: {sorted(LOGGERS)}")
+    if config.trainer.resume not in ("auto", "disable") and not config.trainer.resume:
+        raise ConfigError("trainer.resume must be auto, disable, or a checkpoint folder")
+
+
+def check_batch_sizes(config: AsyncRLConfig) -> None:
+    data, actor, critic = config.data, config.actor, config.critic
+    if config.trainer.mode != "fully_async" and data.train_batch_size % actor.ppo_mini_batch_size:
+        raise ConfigError(
+            f"actor.ppo_mini_batch_size must divide data.train_batch_size, got "
+            f"{actor.ppo_mini_batch_size} and {data.train_batch_size}")
+    if needs_critic(config) and config.trainer.mode != "fully_async" \
+            and data.train_batch_size % critic.ppo_mini_batch_size:
+        raise ConfigError(
+            f"critic.ppo_mini_batch_size must divide data.train_batch_size, got "
+            f"{critic.ppo_mini_batch_size} and {data.train_batch_size}")
+    world_size = config.trainer.n_gpus_per_node * config.trainer.nnodes
+    rows = actor.ppo_mini_batch_size * config.rollout.n
+    if rows % world_size:
+        raise ConfigError(
+            f"actor.ppo_mini_batch_size x rollout.n ({rows} rows) must be divisible by the trainer world size "
+            f"trainer.n_gpus_per_node x trainer.nnodes = {world_size}")
+    if len(config.actor.optim.betas) != 2:
+        raise ConfigError(f"actor.optim.betas must hold two numbers, got {config.actor.optim.betas}")
+
+
+def check_algorithm(config: AsyncRLConfig) -> None:
+    algorithm = config.algorithm
+    if algorithm.adv_estimator not in ADVANTAGE_ESTIMATORS:
+        raise ConfigError(
+            f"algorithm.adv_estimator: {algorithm.adv_estimator!r} is not one of {sorted(ADVANTAGE_ESTIMATORS)}")
+    if algorithm.adv_estimator in GROUP_ESTIMATORS and config.rollout.n < 2:
+        raise ConfigError(
+            f"algorithm.adv_estimator={algorithm.adv_estimator} compares responses within a group and needs "
+            f"rollout.n >= 2, got rollout.n={config.rollout.n}")
+    if algorithm.adv_estimator == "gae" and config.critic.enable is False:
+        raise ConfigError("algorithm.adv_estimator=gae needs a critic, but critic.enable=false")
+    for key, value in (("algorithm.kl_penalty", algorithm.kl_penalty), ("actor.kl_loss_type", config.actor.kl_loss_type)):
+        if value.rstrip("+") not in KL_TYPES:
+            raise ConfigError(f"{key}: {value!r} is not one of {sorted(KL_TYPES)} (optionally with a '+' suffix)")
+    correction = algorithm.rollout_correction
+    lower, upper = correction.rollout_rs_threshold_lower, correction.rollout_rs_threshold
+    if correction.rollout_rs is not None and lower is None and upper is None:
+        raise ConfigError("algorithm.rollout_correction.rollout_rs is set but neither rollout_rs_threshold nor "
+                          "rollout_rs_threshold_lower is")
+    if lower is not None and upper is not None and lower >= upper:
+        raise ConfigError(f"algorithm.rollout_correction.rollout_rs_threshold_lower ({lower}) must be below "
+                          f"rollout_rs_threshold ({upper})")
+
+
+def check_async(config: AsyncRLConfig) -> None:
+    asynchronous = config.async_training
+    if config.trainer.mode != "fully_async" and (asynchronous.partial_rollout or asynchronous.staleness_threshold):
+        raise ConfigError(
+            f"async_training.partial_rollout / staleness_threshold only apply to trainer.mode=fully_async, "
+            f"got trainer.mode={config.trainer.mode}")
+
+
+def needs_critic(config: AsyncRLConfig) -> bool:
+    """critic.enable when set, else whether the estimator needs values (GAE)."""
+    if config.critic.enable is not None:
+        return config.critic.enable
+    return config.algorithm.adv_estimator == "gae"
+
+
+def needs_reference(config: AsyncRLConfig) -> bool:
+    return config.algorithm.use_kl_in_reward or config.actor.use_kl_loss

@@ -1,0 +1,179 @@
+"""Build an `AsyncRLConfig` from a YAML file plus dotted overrides, checking every key and value.
+
+    cfg = load_config("run.yaml", ["actor.optim.lr=1e-5", "trainer.mode=fully_async"])
+
+Errors are `ConfigError` (a ValueError) naming the dotted key, the bad value and, for an unknown key,
+the closest valid one. Cross-field invariants run last (`invariants.check_invariants`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from asyncrl.config.schema import AsyncRLConfig
+
+
+class ConfigError(ValueError):
+    """A bad config: the message names the key, the value and what was expected."""
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                check: bool = True) -> AsyncRLConfig:
+    """Defaults <- YAML file <- `key=value` overrides, then type, range and invariant checks."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        tree = read_yaml(Path(path))
+    for override in overrides or []:
+        key, value = parse_override(override)
+        set_dotted(tree, key, value)
+    config = build_dataclass(AsyncRLConfig, tree, prefix="")
+    if check:
+        from asyncrl.config.invariants import check_invariants
+        check_invariants(config)
+    return config
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top, got {type(tree).__name__}")
+    return tree
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'actor.optim.lr=1e-5' -> ('actor.optim.lr', '1e-5' parsed as YAML)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} must look like key.path=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    node = tree
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key}: {part} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    """Instantiate `cls` from a (partial) mapping, recursing into nested sections."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {values!r}")
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for name in values:
+        if name not in fields:
+            raise ConfigError(unknown_key_message(prefix + str(name), list(fields), prefix))
+    kwargs = {}
+    for name, value in values.items():
+        key = prefix + name
+        kwargs[name] = coerce(hints[name], value, key)
+        check_bounds(fields[name], kwargs[name], key)
+    return cls(**kwargs)
+
+
+def unknown_key_message(key: str, valid_names: list[str], prefix: str) -> str:
+    name = key[len(prefix):]
+    close = difflib.get_close_matches(name, valid_names, n=1, cutoff=0.5)
+    hint = f"; did you mean {prefix}{close[0]}?" if close else f"; valid keys here: {', '.join(sorted(valid_names))}"
+    return f"unknown config key {key}{hint}"
+
+
+def coerce(annotation: Any, value: Any, key: str) -> Any:
+    """Check `value` against a type annotation; return it converted (int -> float, section -> dataclass)."""
+    origin = typing.get_origin(annotation)
+    if dataclasses.is_dataclass(annotation):
+        return build_dataclass(annotation, value, key + ".")
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option_type in options:
+            if option_type is type(None):
+                continue
+            try:
+                return coerce(option_type, value, key)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} matches none of {annotation}")
+    if origin is Literal:
+        choices = typing.get_args(annotation)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            value = [value] if isinstance(value, (str, int, float)) and not isinstance(value, bool) else value
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (item_type,) = typing.get_args(annotation)
+        return [coerce(item_type, item, f"{key}[{index}]") for index, item in enumerate(value)]
+    return coerce_scalar(annotation, value, key)
+
+
+def coerce_scalar(annotation: type, value: Any, key: str) -> Any:
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+    elif annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            # YAML 1.1 reads '1e-5' (no dot) as a string; accept any float spelling.
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif annotation is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise TypeError(f"unsupported config annotation {annotation} at {key}")
+    raise ConfigError(f"{key}: expected {annotation.__name__}, got {value!r} ({type(value).__name__})")
+
+
+def check_bounds(field: dataclasses.Field, value: Any, key: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    meta = field.metadata
+    checks = (("ge", lambda b: value >= b, ">="), ("gt", lambda b: value > b, ">"),
+              ("le", lambda b: value <= b, "<="), ("lt", lambda b: value < b, "<"))
+    for name, holds, symbol in checks:
+        bound = meta.get(name)
+        if bound is not None and not holds(bound):
+            raise ConfigError(f"{key}: {value!r} is out of range, must be {symbol} {bound}")
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def dump_config(config: Any) -> str:
+    """The resolved config as YAML, sections in declaration order."""
+    return yaml.safe_dump(config_to_dict(config), sort_keys=False, default_flow_style=False)

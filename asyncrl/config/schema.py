@@ -1,0 +1,253 @@
+"""The typed config tree of asyncrl: every key, its default and its meaning, in one place.
+
+Leaf names follow verl where verl has one (`rollout.n`, `actor.ppo_mini_batch_size`,
+`algorithm.adv_estimator`, `async_training.staleness_threshold`, ...), without verl's
+`actor_rollout_ref.` prefix. Counts of prompts and counts of responses are kept apart in the help texts:
+`data.train_batch_size` and `actor.ppo_mini_batch_size` count prompts, micro-batch sizes count rows
+(responses). Build a config with `asyncrl.config.load_config`; cross-field rules live in `invariants.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from asyncrl.config.fields import option, section
+
+Mode = Literal["sync", "one_step_off", "fully_async"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+CorrectionLevel = Optional[Literal["token", "sequence", "geometric"]]
+
+
+@dataclass
+class ModelConfig:
+    path: str = option("", "HF-format model folder (config.json, safetensors, tokenizer files) of the policy")
+    tokenizer_path: str = option("", "tokenizer folder; empty means model.path")
+    dtype: Literal["auto", "float32", "bfloat16"] = option(
+        "auto", "parameter dtype of the engine and of mixed precision: auto = bfloat16 on GPU, float32 on CPU")
+    gradient_checkpointing: bool = option(False, "recompute each decoder layer's activations in backward")
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = option([], "training prompt files (.parquet or .jsonl, verl schema)")
+    val_files: list[str] = option([], "validation prompt files (.parquet or .jsonl, verl schema)")
+    prompt_key: str = option("prompt", "column holding the chat messages of a prompt")
+    max_prompt_length: int = option(128, "maximum prompt length in tokens, chat template included", gt=0)
+    max_response_length: int = option(64, "maximum number of generated tokens per response", gt=0)
+    train_batch_size: int = option(16, "prompts per training step (each generates rollout.n responses)", gt=0)
+    val_batch_size: int = option(256, "prompts per validation generation call", gt=0)
+    filter_overlong_prompts: bool = option(
+        True, "drop prompts longer than max_prompt_length (counted and logged); false applies data.truncation")
+    truncation: Literal["error", "left", "right"] = option(
+        "error", "what to do with an overlong prompt when filtering is off: fail, or keep its left/right part")
+    shuffle: bool = option(True, "shuffle the training prompts every epoch")
+    seed: int = option(1, "seed of the training-prompt order")
+    apply_chat_template: bool = option(True, "format prompts with the tokenizer's chat template")
+
+
+@dataclass
+class ValSamplingConfig:
+    n: int = option(1, "responses per validation prompt; > 1 reports pass@n", gt=0)
+    temperature: float = option(0.0, "validation temperature; 0 is greedy", ge=0.0)
+    top_p: float = option(1.0, "validation nucleus threshold", gt=0.0, le=1.0)
+    top_k: int = option(-1, "validation top-k; -1 disables", ge=-1)
+
+
+@dataclass
+class RolloutConfig:
+    n: int = option(4, "responses sampled per prompt (the group size of GRPO-family estimators)", gt=0)
+    temperature: float = option(1.0, "sampling temperature; the trainer's log-probs use the same", gt=0.0)
+    top_p: float = option(1.0, "nucleus sampling threshold", gt=0.0, le=1.0)
+    top_k: int = option(-1, "top-k sampling; -1 disables", ge=-1)
+    ignore_eos: bool = option(False, "keep generating after EOS up to the token budget (benchmarks)")
+    seed: int = option(0, "base seed of per-request sampling seeds")
+    max_num_seqs: int = option(256, "maximum sequences decoded together by one engine", gt=0)
+    max_num_batched_tokens: int = option(8192, "maximum tokens in one engine forward (prefill chunk)", gt=0)
+    block_size: int = option(16, "tokens per KV-cache block", gt=0)
+    gpu_memory_utilization: float = option(
+        0.5, "fraction of device memory the engine may take on GPU, weights included", gt=0.0, le=1.0)
+    cpu_kv_cache_mb: int = option(256, "KV-cache byte budget of the engine on CPU, in MiB", gt=0)
+    enforce_eager: bool = option(False, "disable CUDA graphs for the decode step")
+    n_gpus_per_node: int = option(1, "rollout devices per node in separated modes (CPU slots on CPU)", gt=0)
+    nnodes: int = option(1, "rollout nodes in separated modes", gt=0)
+    val_kwargs: ValSamplingConfig = section(ValSamplingConfig, "sampling used for validation")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = option(1e-6, "peak learning rate", ge=0.0)
+    betas: list[float] = option([0.9, 0.999], "AdamW betas")
+    eps: float = option(1e-8, "AdamW epsilon", gt=0.0)
+    weight_decay: float = option(0.01, "AdamW weight decay", ge=0.0)
+    lr_warmup_steps: int = option(-1, "linear warmup steps; -1 uses lr_warmup_steps_ratio", ge=-1)
+    lr_warmup_steps_ratio: float = option(0.0, "warmup as a fraction of the total steps", ge=0.0, le=1.0)
+    lr_scheduler_type: Literal["constant", "cosine"] = option("constant", "schedule after warmup")
+    min_lr_ratio: float = option(0.0, "cosine floor as a fraction of lr", ge=0.0, le=1.0)
+    total_training_steps: int = option(-1, "optimizer steps of the run for the schedule; -1 = derived", ge=-1)
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: Literal["vanilla", "gspo", "cispo", "clip_cov", "kl_cov", "reinforce"] = option(
+        "vanilla", "policy loss: PPO clip (vanilla), GSPO, CISPO, clip-cov, kl-cov, or REINFORCE")
+    clip_cov_ratio: float = option(2e-4, "clip_cov: fraction of tokens detached", ge=0.0, le=1.0)
+    clip_cov_lb: float = option(1.0, "clip_cov: lower covariance bound")
+    clip_cov_ub: float = option(5.0, "clip_cov: upper covariance bound")
+    kl_cov_ratio: float = option(2e-4, "kl_cov: fraction of tokens penalised", ge=0.0, le=1.0)
+    ppo_kl_coef: float = option(0.1, "kl_cov: coefficient of the |log-ratio| penalty", ge=0.0)
+
+
+@dataclass
+class ActorConfig:
+    ppo_mini_batch_size: int = option(16, "prompts per optimizer step (x rollout.n rows)", gt=0)
+    ppo_micro_batch_size_per_gpu: int = option(16, "rows per forward/backward on one rank", gt=0)
+    use_dynamic_bsz: bool = option(False, "pack micro-batches by a token budget instead of a row count")
+    ppo_max_token_len_per_gpu: int = option(16384, "token budget of one dynamic micro-batch", gt=0)
+    log_prob_micro_batch_size_per_gpu: int = option(32, "rows per forward when computing log-probs", gt=0)
+    ppo_epochs: int = option(1, "passes over each training batch", gt=0)
+    shuffle: bool = option(True, "shuffle rows into mini-batches every epoch")
+    clip_ratio_low: float = option(0.2, "PPO lower clip epsilon", ge=0.0)
+    clip_ratio_high: float = option(0.2, "PPO upper clip epsilon", ge=0.0)
+    clip_ratio_c: float = option(3.0, "dual-clip bound for negative advantages", gt=1.0)
+    loss_agg_mode: LossAggMode = option("token-mean", "how per-token losses reduce to a scalar")
+    policy_loss: PolicyLossConfig = section(PolicyLossConfig, "policy loss choice and its knobs")
+    entropy_coeff: float = option(0.0, "entropy bonus coefficient")
+    use_kl_loss: bool = option(False, "add a KL(actor || ref) term to the loss")
+    kl_loss_coef: float = option(0.001, "coefficient of the KL loss", ge=0.0)
+    kl_loss_type: str = option("low_var_kl", "KL estimator of the loss: k1, abs, k2, k3 (low_var_kl), or a '+' form")
+    grad_clip: float = option(1.0, "global gradient-norm clip; <= 0 disables")
+    optim: OptimConfig = section(OptimConfig, "actor optimizer")
+
+
+@dataclass
+class CriticOptimDefaults(OptimConfig):
+    lr: float = option(1e-5, "peak learning rate", ge=0.0)
+
+
+@dataclass
+class CriticConfig:
+    enable: Optional[bool] = option(None, "train a value model; null = only when adv_estimator is gae")
+    model_path: str = option("", "folder to initialise the critic from; empty means model.path")
+    ppo_mini_batch_size: int = option(16, "prompts per critic optimizer step", gt=0)
+    ppo_micro_batch_size_per_gpu: int = option(16, "rows per critic forward/backward on one rank", gt=0)
+    ppo_epochs: int = option(1, "critic passes over each training batch", gt=0)
+    cliprange_value: float = option(0.5, "value clipping range around the old values", ge=0.0)
+    loss_agg_mode: LossAggMode = option("token-mean", "how per-token value losses reduce to a scalar")
+    grad_clip: float = option(1.0, "global gradient-norm clip; <= 0 disables")
+    optim: CriticOptimDefaults = section(CriticOptimDefaults, "critic optimizer")
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int = option(32, "rows per forward of the reference policy", gt=0)
+
+
+@dataclass
+class KLControlConfig:
+    type: Literal["fixed", "adaptive"] = option("fixed", "KL-in-reward coefficient controller")
+    kl_coef: float = option(0.001, "initial (or fixed) KL coefficient", ge=0.0)
+    target_kl: float = option(0.1, "adaptive controller: target KL", gt=0.0)
+    horizon: int = option(10000, "adaptive controller: horizon in samples", gt=0)
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    bypass_mode: bool = option(
+        True, "true: old log-probs = rollout log-probs (two policies); false: decoupled, the trainer "
+              "recomputes the proximal policy's log-probs (three policies)")
+    loss_type: Literal["ppo_clip", "reinforce"] = option(
+        "ppo_clip", "bypass mode only: PPO clip against the rollout policy, or importance-weighted REINFORCE")
+    rollout_is: CorrectionLevel = option(None, "importance-weight level (token, sequence, geometric); null = none")
+    rollout_is_threshold: float = option(2.0, "upper truncation of the importance weights", gt=0.0)
+    rollout_is_batch_normalize: bool = option(False, "divide the truncated weights by their batch mean")
+    rollout_rs: CorrectionLevel = option(None, "rejection level (token, sequence, geometric); null = none")
+    rollout_rs_threshold: Optional[float] = option(None, "reject when the ratio exceeds this", gt=0.0)
+    rollout_rs_threshold_lower: Optional[float] = option(None, "reject when the ratio is below this", gt=0.0)
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = option(
+        "grpo", "advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_plus_plus, "
+                "reinforce_plus_plus_baseline, remax, opo, gpg")
+    gamma: float = option(1.0, "discount factor", ge=0.0, le=1.0)
+    lam: float = option(1.0, "GAE lambda", ge=0.0, le=1.0)
+    norm_adv_by_std_in_grpo: bool = option(True, "GRPO: divide by the group std (false = Dr.GRPO)")
+    use_kl_in_reward: bool = option(False, "subtract a KL(old || ref) penalty from the token rewards")
+    kl_penalty: str = option("kl", "KL estimator of the reward penalty: k1, abs, k2, k3 (low_var_kl)")
+    kl_ctrl: KLControlConfig = section(KLControlConfig, "KL-in-reward coefficient")
+    rollout_correction: RolloutCorrectionConfig = section(
+        RolloutCorrectionConfig, "off-policy correction between the rollout and the old/proximal policy")
+
+
+@dataclass
+class RewardConfig:
+    custom_function: str = option(
+        "", "user scorer 'path/to/file.py:function' or 'package.module:function'; empty = built-in "
+            "scorer chosen by each row's data_source")
+    timeout_s: float = option(10.0, "per-sample time limit; a scorer past it scores 0 and is counted", gt=0.0)
+    num_workers: int = option(1, "scoring processes", gt=0)
+
+
+@dataclass
+class TrainerConfig:
+    mode: Mode = option("sync", "sync (colocated), one_step_off, or fully_async")
+    project_name: str = option("asyncrl", "tracker project name")
+    experiment_name: str = option("run", "tracker run name")
+    output_dir: str = option("outputs/run", "run folder: config.yaml, metrics.jsonl, checkpoints, plots, ...")
+    total_epochs: int = option(1, "passes over the training prompts", gt=0)
+    total_steps: int = option(-1, "stop after this many training steps; -1 = run all epochs", ge=-1)
+    test_freq: int = option(-1, "validate every N steps; <= 0 validates only before and after training")
+    val_before_train: bool = option(True, "validate before the first step")
+    save_freq: int = option(-1, "checkpoint every N steps; <= 0 saves only at the end")
+    max_checkpoints: int = option(3, "checkpoints kept; older ones are deleted", gt=0)
+    resume: str = option("auto", "auto (latest checkpoint if any), disable, or a checkpoint folder")
+    seed: int = option(1, "seed of model init, dropout-free training order and sampling")
+    device: Literal["auto", "cpu", "cuda"] = option("auto", "auto = cuda when available")
+    n_gpus_per_node: int = option(1, "trainer devices per node (CPU slots on CPU)", gt=0)
+    nnodes: int = option(1, "trainer nodes", gt=0)
+    critic_warmup: int = option(0, "steps that train only the critic", ge=0)
+    logger: list[str] = option(["console", "jsonl"], "trackers: console, jsonl, tensorboard, wandb, mlflow")
+    dump_rollouts: bool = option(False, "write every step's generations to rollouts/step_N.jsonl")
+    log_val_generations: int = option(0, "validation generations printed per validation", ge=0)
+
+
+@dataclass
+class AsyncTrainingConfig:
+    staleness_threshold: float = option(
+        0.0, "fully_async freshness budget s: at most (1+s)*K*R prompts per parameter version", ge=0.0)
+    trigger_parameter_sync_step: int = option(1, "fully_async: local trainer steps K between weight syncs", gt=0)
+    require_batches: int = option(1, "fully_async: mini-batches per local step (R = mini-batch x this)", gt=0)
+    partial_rollout: bool = option(False, "fully_async: abort in-flight requests at a sync and resume them after")
+    max_concurrent_samples: int = option(0, "fully_async: prompts in flight at once; 0 = derived", ge=0)
+
+
+@dataclass
+class WeightSyncConfig:
+    bucket_mb: int = option(256, "bucket size of the bucketed broadcast, MiB", gt=0)
+    timeout_s: float = option(120.0, "limit on each step of a weight sync", gt=0.0)
+
+
+@dataclass
+class RayConfig:
+    address: str = option("", "existing Ray cluster to join; empty starts a local one")
+    num_cpus: Optional[float] = option(None, "CPUs of the local cluster; null = all cores", gt=0.0)
+    rpc_timeout_s: float = option(600.0, "limit on any remote call's result", gt=0.0)
+
+
+@dataclass
+class AsyncRLConfig:
+    """The whole config tree."""
+    model: ModelConfig = section(ModelConfig, "the policy model")
+    data: DataConfig = section(DataConfig, "prompt datasets")
+    rollout: RolloutConfig = section(RolloutConfig, "generation engine and sampling")
+    actor: ActorConfig = section(ActorConfig, "policy training")
+    critic: CriticConfig = section(CriticConfig, "value model training")
+    ref: RefConfig = section(RefConfig, "reference policy (used when a KL term is on)")
+    algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantages, KL and off-policy correction")
+    reward: RewardConfig = section(RewardConfig, "reward functions")
+    trainer: TrainerConfig = section(TrainerConfig, "the run: mode, length, outputs, devices")
+    async_training: AsyncTrainingConfig = section(AsyncTrainingConfig, "fully-async staleness control")
+    weight_sync: WeightSyncConfig = section(WeightSyncConfig, "trainer-to-rollout weight transfer")
+    ray: RayConfig = section(RayConfig, "Ray cluster and remote-call limits")

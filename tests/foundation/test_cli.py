@@ -1,0 +1,50 @@
+"""The CLI's config and data commands, run as a user runs them (a subprocess of the console script)."""
+
+import subprocess
+import sys
+
+import pandas as pd
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "asyncrl.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_config_show_prints_overridden_values():
+    result = run_cli("config", "show", "trainer.mode=fully_async", "async_training.staleness_threshold=0.5")
+    assert result.returncode == 0, result.stderr
+    assert "mode: fully_async" in result.stdout
+    assert "staleness_threshold: 0.5" in result.stdout
+
+
+def test_config_show_rejects_misspelt_key_without_traceback():
+    result = run_cli("config", "show", "actor.ppo_mini_batchsize=4")
+    assert result.returncode != 0
+    assert "actor.ppo_mini_batch_size" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_demo_is_honest_until_the_trainer_exists():
+    result = run_cli("demo")
+    assert result.returncode != 0
+    assert "not yet available" in result.stderr
+
+
+def test_data_make_writes_verl_schema_parquet(tmp_path):
+    result = run_cli("data", "make", "arithmetic", "--out", str(tmp_path), "--train-size", "64", "--val-size", "16")
+    assert result.returncode == 0, result.stderr
+    train = pd.read_parquet(tmp_path / "train.parquet")
+    val = pd.read_parquet(tmp_path / "val.parquet")
+    assert len(train) == 64 and len(val) == 16
+    row = train.iloc[0]
+    assert set(["prompt", "data_source", "reward_model", "extra_info"]) <= set(train.columns)
+    assert row["data_source"] == "asyncrl/arithmetic"
+    assert row["prompt"][0]["role"] == "user"
+    assert "ground_truth" in row["reward_model"]
+    assert not set(train["prompt"].map(lambda p: p[0]["content"])) & set(val["prompt"].map(lambda p: p[0]["content"]))
+
+
+def test_data_make_unknown_knob_is_a_clear_error(tmp_path):
+    result = run_cli("data", "make", "arithmetic", "--out", str(tmp_path), "--set", "digits=3")
+    assert result.returncode == 2
+    assert "no knob 'digits'" in result.stderr

@@ -1,0 +1,128 @@
+"""Dataset reading errors name file and row; the sampler resumes exactly; built-in tasks score right."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as parquet
+import pytest
+
+from asyncrl.data import DatasetError, PromptSampler, read_prompt_file
+from asyncrl.data.make import make_task, write_task
+from asyncrl.data.tasks import arithmetic, countdown
+
+
+def write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    return path
+
+
+GOOD_ROW = {"prompt": [{"role": "user", "content": "1+1="}], "data_source": "asyncrl/arithmetic",
+            "reward_model": {"ground_truth": "2"}, "extra_info": {"index": 0}}
+
+
+def test_reads_parquet_and_jsonl_in_verl_schema(tmp_path):
+    parquet.write_table(pa.Table.from_pylist([GOOD_ROW, GOOD_ROW]), tmp_path / "a.parquet")
+    write_jsonl(tmp_path / "a.jsonl", [GOOD_ROW])
+    for name, count in (("a.parquet", 2), ("a.jsonl", 1)):
+        records = read_prompt_file(tmp_path / name)
+        assert len(records) == count
+        assert records[0].messages == [{"role": "user", "content": "1+1="}]
+        assert records[0].ground_truth == "2"
+        assert records[0].data_source == "asyncrl/arithmetic"
+        assert records[-1].prompt_id == f"{name}:{count - 1}"
+
+
+@pytest.mark.parametrize("bad_row, message", [
+    ({"data_source": "x"}, r"row 1: missing column 'prompt'"),
+    ({"prompt": []}, r"row 1: 'prompt' must be a non-empty list"),
+    ({"prompt": [{"content": "hi"}]}, r"row 1: prompt\[0\] must have 'role' and 'content'"),
+    ({"prompt": [{"role": "robot", "content": "hi"}]}, r"row 1: prompt\[0\] has role 'robot'"),
+    ({"prompt": "hi", "reward_model": "7"}, r"row 1: reward_model must be a mapping"),
+    ({"prompt": "hi", "extra_info": [1]}, r"row 1: extra_info must be a mapping"),
+])
+def test_malformed_row_names_file_and_row(tmp_path, bad_row, message):
+    path = write_jsonl(tmp_path / "bad.jsonl", [GOOD_ROW, bad_row])
+    with pytest.raises(DatasetError, match=rf"bad\.jsonl: {message}"):
+        read_prompt_file(path)
+
+
+def test_file_level_errors(tmp_path):
+    with pytest.raises(DatasetError, match="does not exist"):
+        read_prompt_file(tmp_path / "none.parquet")
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DatasetError, match="empty.jsonl holds no rows"):
+        read_prompt_file(tmp_path / "empty.jsonl")
+    (tmp_path / "broken.jsonl").write_text(json.dumps(GOOD_ROW) + "\n{not json\n")
+    with pytest.raises(DatasetError, match="broken.jsonl: line 2 is not valid JSON"):
+        read_prompt_file(tmp_path / "broken.jsonl")
+    (tmp_path / "rows.csv").write_text("a,b\n")
+    with pytest.raises(DatasetError, match="unsupported format '.csv'"):
+        read_prompt_file(tmp_path / "rows.csv")
+    (tmp_path / "fake.parquet").write_text("not parquet")
+    with pytest.raises(DatasetError, match="fake.parquet is not a readable parquet file"):
+        read_prompt_file(tmp_path / "fake.parquet")
+
+
+def drain(sampler):
+    indices = []
+    while (index := sampler.next_index()) is not None:
+        indices.append(index)
+    return indices
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_sampler_resume_yields_exactly_the_remaining_prompts(shuffle):
+    reference = drain(PromptSampler(10, shuffle=shuffle, seed=3, total_epochs=3))
+    assert len(reference) == 30
+    for epoch_block in range(3):
+        assert sorted(reference[10 * epoch_block:10 * (epoch_block + 1)]) == list(range(10))
+    for cut in (0, 4, 10, 17, 29, 30):
+        sampler = PromptSampler(10, shuffle=shuffle, seed=3, total_epochs=3)
+        head = sampler.next_batch(cut)
+        state = json.loads(json.dumps(sampler.state_dict()))  # survives a checkpoint file
+        restored = PromptSampler(10, shuffle=shuffle, seed=3, total_epochs=3)
+        restored.load_state_dict(state)
+        assert restored.num_remaining == 30 - cut
+        assert head + drain(restored) == reference
+
+
+def test_sampler_epochs_differ_and_batches_cross_epochs():
+    sampler = PromptSampler(5, shuffle=True, seed=0, total_epochs=2)
+    first, second = sampler.next_batch(4), sampler.next_batch(4)
+    assert len(second) == 4  # one prompt from epoch 0, three from epoch 1: no gap at the boundary
+    assert sampler.epoch == 1
+    assert len(sampler.next_batch(4)) == 2 and sampler.is_exhausted
+
+
+def test_sampler_refuses_state_of_another_dataset():
+    state = PromptSampler(10, True, 1, 1).state_dict()
+    with pytest.raises(ValueError, match="sampler state is for 10 prompts"):
+        PromptSampler(11, True, 1, 1).load_state_dict(state)
+
+
+def test_builtin_scorers_give_one_to_truth_and_zero_to_wrong(tmp_path):
+    paths = write_task(make_task("arithmetic"), tmp_path / "a", 50, 10, seed=1)
+    for record in read_prompt_file(paths["val"]):
+        assert arithmetic.score(record.ground_truth, record.ground_truth) == 1.0
+        assert arithmetic.score(str(int(record.ground_truth) + 1), record.ground_truth) == 0.0
+        assert arithmetic.score("", record.ground_truth) == 0.0
+    paths = write_task(make_task("countdown"), tmp_path / "c", 50, 10, seed=1)
+    for record in read_prompt_file(paths["val"]):
+        assert countdown.score(record.extra_info["answer"], record.ground_truth) == 1.0
+    truth = {"numbers": [3, 5, 7], "target": 22}
+    assert countdown.score("7+3*5", truth) == 1.0        # another correct expression also scores
+    assert countdown.score("3*5+7+1", truth) == 0.0      # a number that was not given
+    assert countdown.score("3*5", truth) == 0.0          # not every number used
+    assert countdown.score("__import__('os')", truth) == 0.0
+
+
+def test_task_knobs_change_difficulty():
+    rng = np.random.default_rng(0)
+    hard = make_task("arithmetic", {"min_digits": "3", "max_digits": "3", "num_operands": "3"})
+    question, answer = hard.make_problem(rng)
+    assert len([part for part in question.replace("-", "+").rstrip("=").split("+")]) == 3
+    assert all(len(part) == 3 for part in question.replace("-", "+").rstrip("=").split("+"))
+    assert int(answer) == eval(question.rstrip("="))
+    with pytest.raises(ValueError, match="min_digits <= max_digits"):
+        make_task("arithmetic", {"min_digits": "3", "max_digits": "2"})
