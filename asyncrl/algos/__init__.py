@@ -1,0 +1,55 @@
+"""Pure tensor functions of RL post-training: advantages, policy and value losses, loss aggregation, KL,
+entropy and rollout correction. Imports nothing but torch; every function documents its tensor shapes
+(B = responses, T = padded response length) and returns ``(result, metrics)`` where it has metrics.
+"""
+
+from asyncrl.algos.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    CRITIC_ESTIMATORS,
+    GROUP_ESTIMATORS,
+    needs_critic,
+)
+from asyncrl.algos.aggregation import LOSS_AGG_MODES, aggregate_loss, count_sequences
+from asyncrl.algos.entropy import entropy_from_logits
+from asyncrl.algos.kl import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    kl_penalty,
+)
+from asyncrl.algos.masked import masked_mean, masked_sum, masked_whiten
+from asyncrl.algos.policy_losses import POLICY_LOSSES
+from asyncrl.algos.registry import Registry
+from asyncrl.algos.rollout_correction import (
+    CORRECTION_LEVELS,
+    compute_bypass_correction,
+    compute_rollout_correction,
+)
+from asyncrl.algos.value_loss import explained_variance, value_loss
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AdaptiveKLController",
+    "CORRECTION_LEVELS",
+    "CRITIC_ESTIMATORS",
+    "FixedKLController",
+    "GROUP_ESTIMATORS",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "Registry",
+    "aggregate_loss",
+    "apply_kl_penalty",
+    "compute_bypass_correction",
+    "compute_rollout_correction",
+    "count_sequences",
+    "entropy_from_logits",
+    "explained_variance",
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "masked_whiten",
+    "needs_critic",
+    "value_loss",
+]

@@ -1,0 +1,241 @@
+"""Advantage estimators: from per-token rewards to per-token advantages and returns.
+
+Every estimator has the same signature, so the trainer calls ``ADVANTAGE_ESTIMATORS[name](...)`` with the
+full keyword set and each entry ignores what it does not need:
+
+    fn(token_level_rewards,      # (B, T) reward per response token; an outcome reward sits on the last valid token
+       response_mask,            # (B, T) float or bool, 1 on valid response tokens
+       group_ids,                # (B,) integer, equal for the n responses of one prompt
+       *, values=None,           # (B, T) critic values, needed by gae
+       reward_baselines=None,    # (B,) score of the greedy response of the same prompt, needed by remax
+       gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6,
+    ) -> (advantages (B, T), returns (B, T))
+
+Both outputs are 0 on padded positions, whatever the inputs hold there. The sequence score r_i is the sum of
+the valid token rewards of row i. Groups are the rows sharing a group id; they may have unequal sizes.
+
+Choices:
+- A group of one sample has nobody to be compared with, so every group estimator gives it advantage 0
+  (grpo, dr_grpo, rloo, opo, gpg, and reinforce_plus_plus_baseline before the batch whitening). The
+  reference system keeps A = r for an RLOO singleton and uses std 1 for a GRPO singleton; we do not push a
+  prompt whose group collapsed to a single sample in any direction.
+- Whitening is (x - mean) / sqrt(var + 1e-8) over the valid tokens of the batch, with the population variance.
+- Outcome-only estimators return ``returns = advantages`` (no critic consumes them).
+"""
+
+import torch
+from torch import Tensor
+
+from asyncrl.algos.masked import as_bool_mask, count_valid, fill_invalid, masked_sum, masked_whiten
+from asyncrl.algos.registry import Registry
+
+# Estimators that compare the responses of one prompt: they need rollout.n >= 2.
+GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"})
+# Estimators that need critic values.
+CRITIC_ESTIMATORS = frozenset({"gae"})
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def _float_dtype(tensor: Tensor) -> torch.dtype:
+    # Statistics in at least float32 even when rewards arrive in bf16.
+    return torch.promote_types(tensor.dtype, torch.float32)
+
+
+def _check_shapes(token_level_rewards: Tensor, response_mask: Tensor, group_ids: Tensor) -> None:
+    if token_level_rewards.dim() != 2 or token_level_rewards.shape != response_mask.shape:
+        raise ValueError(
+            f"token_level_rewards and response_mask must both be (B, T), got "
+            f"{tuple(token_level_rewards.shape)} and {tuple(response_mask.shape)}"
+        )
+    if group_ids.shape != token_level_rewards.shape[:1]:
+        raise ValueError(f"group_ids must be (B,) = {tuple(token_level_rewards.shape[:1])}, got {tuple(group_ids.shape)}")
+
+
+def _sequence_scores(token_level_rewards: Tensor, response_mask: Tensor) -> Tensor:
+    """r_i = sum of the valid token rewards of row i; (B,)."""
+    return masked_sum(token_level_rewards.to(_float_dtype(token_level_rewards)), response_mask, dim=-1)
+
+
+def _broadcast(per_sequence: Tensor, response_mask: Tensor) -> Tensor:
+    """(B,) -> (B, T): the sequence value on every valid token, 0 on padding."""
+    return torch.where(as_bool_mask(response_mask), per_sequence[:, None], 0.0)
+
+
+def _group_sum(per_sequence: Tensor, inverse: Tensor, num_groups: int) -> Tensor:
+    """Sum of a (B,) tensor within each group; (G,)."""
+    return per_sequence.new_zeros(num_groups).index_add_(0, inverse, per_sequence)
+
+
+def _group_index(group_ids: Tensor) -> tuple[Tensor, int]:
+    """Maps arbitrary group ids (B,) to dense indices in [0, G); returns (indices (B,), G)."""
+    unique_ids, inverse = torch.unique(group_ids, return_inverse=True)
+    return inverse, unique_ids.numel()
+
+
+def _group_statistics(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-row group mean, unbiased group std (0 for a singleton) and group size, each (B,)."""
+    inverse, num_groups = _group_index(group_ids)
+    sizes = _group_sum(torch.ones_like(scores), inverse, num_groups)  # (G,)
+    means = _group_sum(scores, inverse, num_groups) / sizes
+    squared = _group_sum((scores - means[inverse]) ** 2, inverse, num_groups)
+    stds = torch.sqrt(squared / (sizes - 1.0).clamp_min(1.0))  # a singleton has squared = 0, hence std 0
+    return means[inverse], stds[inverse], sizes[inverse]
+
+
+def _discounted_returns(token_level_rewards: Tensor, response_mask: Tensor, gamma: float) -> Tensor:
+    """G_t = r_t + gamma * G_next over valid tokens; padded positions carry G through. (B, T), 0 on padding."""
+    valid = as_bool_mask(response_mask)
+    rewards = fill_invalid(token_level_rewards.to(_float_dtype(token_level_rewards)), valid)
+    if gamma == 1.0:
+        # Undiscounted: a reverse cumulative sum (padding adds 0, so it carries the return through).
+        returns = rewards.flip(-1).cumsum(-1).flip(-1)
+        return fill_invalid(returns, valid)
+    returns = torch.zeros_like(rewards)
+    running = rewards.new_zeros(rewards.shape[0])  # (B,)
+    for t in reversed(range(rewards.shape[1])):
+        running = torch.where(valid[:, t], rewards[:, t] + gamma * running, running)
+        returns[:, t] = running
+    return fill_invalid(returns, valid)
+
+
+# ------------------------------------------------------------------------------------------- estimators
+def gae(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
+        gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+    """Generalised advantage estimation (Schulman et al.) from critic ``values`` (B, T).
+
+    Backward over t on valid tokens: delta_t = r_t + gamma V_next - V_t, A_t = delta_t + gamma lam A_next.
+    A padded position (e.g. an observation token in multi-turn) carries V_next and A_next through unchanged.
+    returns = A + V (before whitening); advantages = whiten(A) over the valid tokens of the batch.
+    """
+    _check_shapes(token_level_rewards, response_mask, group_ids)
+    if values is None:
+        raise ValueError("advantage estimator 'gae' needs values (B, T) from the critic, got None")
+    valid = as_bool_mask(response_mask)
+    dtype = _float_dtype(token_level_rewards)
+    rewards = fill_invalid(token_level_rewards.to(dtype), valid)
+    values = fill_invalid(values.to(dtype), valid)
+    advantages = torch.zeros_like(rewards)
+    next_value = rewards.new_zeros(rewards.shape[0])  # (B,)
+    next_advantage = rewards.new_zeros(rewards.shape[0])  # (B,)
+    for t in reversed(range(rewards.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        next_advantage = torch.where(valid[:, t], advantage, next_advantage)
+        next_value = torch.where(valid[:, t], values[:, t], next_value)
+        advantages[:, t] = next_advantage
+    returns = fill_invalid(advantages + values, valid)
+    return masked_whiten(advantages, valid), returns
+
+
+def grpo(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
+         gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+    """GRPO: A_i = (r_i - mean_g) / (std_g + epsilon) with the unbiased group std, broadcast over tokens.
+
+    With ``norm_adv_by_std=False`` it is Dr.GRPO: A_i = r_i - mean_g. A singleton group gets 0.
+    """
+    _check_shapes(token_level_rewards, response_mask, group_ids)
+    scores = _sequence_scores(token_level_rewards, response_mask)  # (B,)
+    means, stds, _ = _group_statistics(scores, group_ids)
+    advantages = scores - means  # exactly 0 for a singleton (its mean is its own score)
+    if norm_adv_by_std:
+        advantages = advantages / (stds + epsilon)
+    advantages = _broadcast(advantages, response_mask)
+    return advantages, advantages
+
+
+def dr_grpo(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
+            gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+    """Dr.GRPO (Liu et al.): A_i = r_i - mean_g, never divided by the std (``norm_adv_by_std`` is ignored)."""
+    return grpo(token_level_rewards, response_mask, group_ids, norm_adv_by_std=False, epsilon=epsilon)
+
+
+def rloo(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
+         gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+    """REINFORCE leave-one-out: A_i = r_i - mean of the other samples = n/(n-1) (r_i - mean_g).
+
+    A singleton group has no other sample: its advantage is 0 (the reference system keeps r_i there).
+    """
+    _check_shapes(token_level_rewards, response_mask, group_ids)
+    scores = _sequence_scores(token_level_rewards, response_mask)
+    means, _, sizes = _group_statistics(scores, group_ids)
+    factor = torch.where(sizes > 1, sizes / (sizes - 1.0).clamp_min(1.0), 0.0)
+    advantages = _broadcast(factor * (scores - means), response_mask)
+    return advantages, advantages
+
+
+def reinforce_plus_plus(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
+                        gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+    """REINFORCE++: G = discounted return-to-go with ``gamma``; A = whiten(G) over the batch; returns = G."""
+    _check_shapes(token_level_rewards, response_mask, group_ids)
+    returns = _discounted_returns(token_level_rewards, response_mask, gamma)
+    return masked_whiten(returns, response_mask), returns
+
+
+def reinforce_plus_plus_baseline(token_level_rewards, response_mask, group_ids, *, values=None,
+                                 reward_baselines=None, gamma=1.0, lam=1.0, norm_adv_by_std=True,
+                                 epsilon=1e-6):
+    """REINFORCE++ with a group baseline: r_i - mean_g broadcast over tokens, then whitened over the batch."""
+    _check_shapes(token_level_rewards, response_mask, group_ids)
+    scores = _sequence_scores(token_level_rewards, response_mask)
+    means, _, _ = _group_statistics(scores, group_ids)
+    advantages = masked_whiten(_broadcast(scores - means, response_mask), response_mask)
+    return advantages, advantages
+
+
+def remax(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
+          gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+    """ReMax: A_t = G_t - b_i with G the undiscounted reward-to-go (``gamma`` is ignored, as in the paper)
+    and b_i = ``reward_baselines`` (B,), the score of the greedy response of the same prompt; returns = G."""
+    _check_shapes(token_level_rewards, response_mask, group_ids)
+    if reward_baselines is None:
+        raise ValueError("advantage estimator 'remax' needs reward_baselines (B,) (greedy-response scores), got None")
+    returns = _discounted_returns(token_level_rewards, response_mask, 1.0)
+    baselines = reward_baselines.to(returns.dtype)[:, None]  # (B, 1)
+    return fill_invalid(returns - baselines, response_mask), returns
+
+
+def opo(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
+        gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+    """OPO: length-weighted group baseline b_g = sum_j l_j r_j / sum_j l_j (l = valid length); A_i = r_i - b_g."""
+    _check_shapes(token_level_rewards, response_mask, group_ids)
+    scores = _sequence_scores(token_level_rewards, response_mask)
+    lengths = count_valid(response_mask, dim=-1).to(scores.dtype)  # (B,)
+    inverse, num_groups = _group_index(group_ids)
+    weighted = _group_sum(lengths * scores, inverse, num_groups)
+    # A group whose lengths are all 0 has all scores 0: the clamp makes its baseline 0 instead of 0/0.
+    baselines = weighted / _group_sum(lengths, inverse, num_groups).clamp_min(1.0)
+    advantages = _broadcast(scores - baselines[inverse], response_mask)
+    return advantages, advantages
+
+
+def gpg(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
+        gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+    """GPG: A_i = alpha (r_i - mean_g) with alpha = B / max(1, number of non-zero scores); no std division."""
+    _check_shapes(token_level_rewards, response_mask, group_ids)
+    scores = _sequence_scores(token_level_rewards, response_mask)
+    means, _, _ = _group_statistics(scores, group_ids)
+    alpha = scores.shape[0] / max(1, int(torch.count_nonzero(scores)))
+    advantages = _broadcast(alpha * (scores - means), response_mask)
+    return advantages, advantages
+
+
+ADVANTAGE_ESTIMATORS = Registry(
+    "advantage estimator",
+    {
+        "gae": gae,
+        "grpo": grpo,
+        "dr_grpo": dr_grpo,
+        "rloo": rloo,
+        "reinforce_plus_plus": reinforce_plus_plus,
+        "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline,
+        "remax": remax,
+        "opo": opo,
+        "gpg": gpg,
+    },
+)
+
+
+def needs_critic(name: str) -> bool:
+    """Whether the estimator ``name`` needs critic values (raises ValueError for an unknown name)."""
+    ADVANTAGE_ESTIMATORS[name]  # validates the name
+    return name in CRITIC_ESTIMATORS

@@ -1,0 +1,78 @@
+"""Loss aggregation: from a per-token loss matrix (B, T) to the scalar that is back-propagated.
+
+Modes (X = loss matrix, M = mask, s_i = sum_t X_it over the valid tokens of sequence i, n_i = its valid count):
+
+    token-mean               sum_i s_i / num_tokens
+    seq-mean-token-sum       sum_i s_i / num_seqs
+    seq-mean-token-mean      sum_i (s_i / n_i) / num_seqs
+    seq-mean-token-sum-norm  sum_i s_i / (num_seqs * norm_length)       (Dr.GRPO constant normaliser)
+
+Gradient accumulation and data parallelism: ``num_tokens`` / ``num_seqs`` are the GLOBAL counts of the whole
+mini-batch (all micro-batches of all data-parallel ranks). The results of the micro-batches then SUM to the loss
+of the whole mini-batch, with the same gradient, whatever the split. A data-parallel trainer whose gradient
+all-reduce averages over ranks must multiply its loss by the number of ranks. When a count is None, the local
+count of this call is used (correct for a single micro-batch on a single rank).
+
+Choices:
+- A sequence with no valid token is not counted in the local ``num_seqs`` (it contributes nothing to the
+  numerator either), so empty responses do not dilute the seq-mean modes. Global counts passed by the trainer
+  should follow the same rule: ``count_sequences(mask)``.
+- ``seq-mean-token-sum-norm`` divides by the number of sequences AND by ``norm_length`` (default: T, the padded
+  length of this call). The reference system changed this between versions (one release did not divide by
+  the number of sequences); we follow the Dr.GRPO paper, which averages over sequences. Because T depends on
+  padding, a trainer should pass ``norm_length`` explicitly (e.g. the maximum response length) so that the
+  loss does not depend on how a batch was padded or split.
+- A count of 0 (nothing valid) is treated as 1: the loss is then 0, never nan.
+"""
+
+import torch
+from torch import Tensor
+
+from asyncrl.algos.masked import as_bool_mask, count_valid, fill_invalid
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def count_sequences(mask: Tensor) -> Tensor:
+    """Number of sequences (rows of the (B, T) mask) with at least one valid token; a float32 scalar."""
+    return as_bool_mask(mask).any(dim=-1).to(torch.float32).sum()
+
+
+def _denominator(count: float | int | Tensor | None, local: Tensor, like: Tensor) -> Tensor:
+    """The global count when given, the local one otherwise, as a scalar of ``like``'s dtype, at least 1."""
+    chosen = local if count is None else count
+    return torch.as_tensor(chosen, dtype=like.dtype, device=like.device).clamp_min(1.0)
+
+
+def aggregate_loss(
+    loss_matrix: Tensor,  # (B, T) per-token loss; padded positions may hold anything
+    mask: Tensor,  # (B, T) float or bool, 1 on valid tokens
+    mode: str,
+    *,
+    num_tokens: float | int | Tensor | None = None,
+    num_seqs: float | int | Tensor | None = None,
+    norm_length: float | int | None = None,
+) -> Tensor:
+    """Aggregates ``loss_matrix`` over the valid tokens of ``mask`` with ``mode`` (see the module docstring).
+
+    Returns a scalar tensor that keeps the gradient of ``loss_matrix``.
+    """
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}")
+    if loss_matrix.shape != mask.shape or loss_matrix.dim() != 2:
+        raise ValueError(
+            f"loss_matrix and mask must both be (B, T), got {tuple(loss_matrix.shape)} and {tuple(mask.shape)}"
+        )
+    sequence_sums = fill_invalid(loss_matrix, mask).sum(dim=-1)  # (B,)
+    if mode == "token-mean":
+        return sequence_sums.sum() / _denominator(num_tokens, count_valid(mask), loss_matrix)
+    sequences = _denominator(num_seqs, count_sequences(mask), loss_matrix)
+    if mode == "seq-mean-token-sum":
+        return sequence_sums.sum() / sequences
+    if mode == "seq-mean-token-mean":
+        lengths = count_valid(mask, dim=-1).to(loss_matrix.dtype).clamp_min(1.0)  # (B,)
+        return (sequence_sums / lengths).sum() / sequences
+    if norm_length is not None and norm_length <= 0:
+        raise ValueError(f"norm_length must be positive, got {norm_length}")
+    length = max(loss_matrix.shape[-1], 1) if norm_length is None else norm_length
+    return sequence_sums.sum() / (sequences * length)

@@ -1,0 +1,216 @@
+"""Policy-gradient losses of the PPO family.
+
+Every loss has the same signature, so the trainer calls ``POLICY_LOSSES[name](...)`` with the full keyword set
+and each entry ignores what it does not need:
+
+    fn(log_probs,            # (B, T) log-probs of the current policy, with gradient
+       old_log_probs,        # (B, T) log-probs of the PPO anchor (proximal policy; rollout policy in bypass mode)
+       advantages,           # (B, T)
+       response_mask,        # (B, T) float or bool, 1 on valid response tokens
+       *, loss_agg_mode="token-mean", clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
+       rollout_is_weights=None,               # (B, T) importance weights rollout -> anchor, treated as constants
+       num_tokens=None, num_seqs=None, norm_length=None,   # global counts, see aggregation.py
+       clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1,
+       generator=None,                         # torch.Generator for clip_cov's random choice
+    ) -> (loss scalar, metrics)
+
+rho = exp(clamp(log_probs - old_log_probs, -20, 20)) is the per-token ratio. When ``rollout_is_weights`` is given,
+every loss multiplies its per-token loss by it before aggregation. The loss configuration is passed with each
+call, never read from a shared config, so what the trainer asks for is what runs.
+
+Metrics (plain floats): ``pg_loss``, ``pg_clipfrac`` (fraction of valid tokens where the ratio clip is active),
+``pg_clipfrac_lower`` (dual clip active), ``ppo_kl`` (masked mean of old - new log-prob); clip_cov and kl_cov
+add ``pg_covfrac`` (fraction of valid tokens selected by the covariance rule).
+"""
+
+import torch
+from torch import Tensor
+
+from asyncrl.algos.aggregation import aggregate_loss
+from asyncrl.algos.masked import as_bool_mask, fill_invalid, masked_mean, metrics_to_floats
+from asyncrl.algos.registry import Registry
+
+_MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: large enough never to matter, small enough never to overflow float32
+
+
+def _prepare(log_probs, old_log_probs, advantages, response_mask):
+    """Zeroes padding (it may hold nan) and detaches the constants; returns (valid, log_probs, advantages, log_ratio)."""
+    valid = as_bool_mask(response_mask)  # (B, T)
+    log_probs = fill_invalid(log_probs, valid)  # keeps the gradient on valid tokens, 0 gradient on padding
+    old_log_probs = fill_invalid(old_log_probs.detach(), valid)
+    advantages = fill_invalid(advantages.detach(), valid)
+    return valid, log_probs, advantages, log_probs - old_log_probs
+
+
+def _ratio(log_ratio: Tensor) -> Tensor:
+    return torch.exp(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+
+
+def _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high):
+    """PPO's max(-A rho, -A clip(rho, 1 - low, 1 + high)) per token, and where the clipped term won."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+def _finish(per_token_loss, valid, rollout_is_weights, loss_agg_mode, num_tokens, num_seqs, norm_length, metrics):
+    """Applies the rollout IS weights, aggregates, and converts the metrics to floats."""
+    if rollout_is_weights is not None:
+        per_token_loss = per_token_loss * fill_invalid(rollout_is_weights.detach(), valid)
+    loss = aggregate_loss(
+        per_token_loss, valid, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length
+    )
+    return loss, metrics_to_floats({"pg_loss": loss.detach(), **metrics})
+
+
+def _base_metrics(valid, log_ratio, is_clipped=None, is_dual_clipped=None) -> dict[str, Tensor | float]:
+    with torch.no_grad():
+        return {
+            "pg_clipfrac": 0.0 if is_clipped is None else masked_mean(is_clipped.float(), valid),
+            "pg_clipfrac_lower": 0.0 if is_dual_clipped is None else masked_mean(is_dual_clipped.float(), valid),
+            "ppo_kl": masked_mean(-log_ratio.detach(), valid),
+        }
+
+
+def _covariance(advantages, log_probs, valid) -> Tensor:
+    """Centred per-token covariance (A - mean A)(logp - mean logp) over valid tokens; -inf on padding. (B, T)"""
+    with torch.no_grad():
+        log_probs = log_probs.detach()
+        centred = (advantages - masked_mean(advantages, valid)) * (log_probs - masked_mean(log_probs, valid))
+        return torch.where(valid, centred, -torch.inf)
+
+
+def vanilla(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
+            clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
+            num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
+            clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, generator=None):
+    """PPO clip with asymmetric bounds [1 - low, 1 + high] and dual clip (Ye et al.).
+
+    L = max(-A rho, -A clip(rho)); for A < 0 the loss is further capped: L = min(L, -A clip_ratio_c).
+    """
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 for the dual clip, got {clip_ratio_c}")
+    valid, log_probs, advantages, log_ratio = _prepare(log_probs, old_log_probs, advantages, response_mask)
+    surrogate, is_clipped = _clipped_surrogate(_ratio(log_ratio), advantages, clip_ratio_low, clip_ratio_high)
+    dual_bound = -advantages * clip_ratio_c
+    is_dual_clipped = (advantages < 0) & (surrogate > dual_bound)
+    per_token_loss = torch.where(is_dual_clipped, dual_bound, surrogate)
+    metrics = _base_metrics(valid, log_ratio, is_clipped & valid, is_dual_clipped)
+    return _finish(per_token_loss, valid, rollout_is_weights, loss_agg_mode, num_tokens, num_seqs, norm_length,
+                   metrics)
+
+
+def gspo(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
+         clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
+         num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
+         clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, generator=None):
+    """GSPO (Zheng et al.): PPO clip (no dual clip) on the sequence ratio s_i = exp(mean_t log rho_it).
+
+    Straight-through construction: log s_it = logp_it - sg(logp_it) + sg(mean_t log rho_it), so the forward
+    value is the sequence ratio while each token gets the gradient of its own log-prob. Clamped at 10 in log
+    space. Its paper aggregates with seq-mean-token-mean.
+    """
+    valid, log_probs, advantages, log_ratio = _prepare(log_probs, old_log_probs, advantages, response_mask)
+    sequence_log_ratio = masked_mean(log_ratio, valid, dim=-1).detach()  # (B,)
+    log_sequence_ratio = log_probs - log_probs.detach() + sequence_log_ratio[:, None]  # (B, T)
+    ratio = torch.exp(log_sequence_ratio.clamp(max=10.0))
+    per_token_loss, is_clipped = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
+    metrics = _base_metrics(valid, log_ratio, is_clipped & valid)
+    return _finish(per_token_loss, valid, rollout_is_weights, loss_agg_mode, num_tokens, num_seqs, norm_length,
+                   metrics)
+
+
+def cispo(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
+          clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
+          num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
+          clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, generator=None):
+    """CISPO (MiniMax-M1): L = -sg(clip(rho, 1 - low, 1 + high)) A logp.
+
+    The clip bounds the importance weight instead of removing the gradient, so every token keeps a gradient.
+    """
+    valid, log_probs, advantages, log_ratio = _prepare(log_probs, old_log_probs, advantages, response_mask)
+    ratio = _ratio(log_ratio).detach()
+    weight = ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    per_token_loss = -weight * advantages * log_probs
+    metrics = _base_metrics(valid, log_ratio, (weight != ratio) & valid)
+    return _finish(per_token_loss, valid, rollout_is_weights, loss_agg_mode, num_tokens, num_seqs, norm_length,
+                   metrics)
+
+
+def clip_cov(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
+             clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
+             num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
+             clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, generator=None):
+    """Clip-Cov (Cui et al.): PPO clip, plus the loss of a few high-covariance tokens is removed.
+
+    Among valid tokens not already clipped whose covariance (A - mean A)(logp - mean logp) lies strictly in
+    (clip_cov_lb, clip_cov_ub), max(1, int(clip_cov_ratio * valid tokens)) are chosen at random (``generator``)
+    and their per-token loss is set to 0, which removes their gradient and so slows entropy collapse.
+    """
+    valid, log_probs, advantages, log_ratio = _prepare(log_probs, old_log_probs, advantages, response_mask)
+    surrogate, is_clipped = _clipped_surrogate(_ratio(log_ratio), advantages, clip_ratio_low, clip_ratio_high)
+    covariance = _covariance(advantages, log_probs, valid)
+    eligible = valid & ~is_clipped & (covariance > clip_cov_lb) & (covariance < clip_cov_ub)
+    candidates = torch.nonzero(eligible.flatten()).squeeze(1)  # flat indices, row-major
+    num_selected = max(int(clip_cov_ratio * int(valid.sum())), 1)
+    device = "cpu" if generator is None else generator.device
+    order = torch.randperm(candidates.numel(), generator=generator, device=device)
+    selected = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
+    selected[candidates[order[:num_selected].to(candidates.device)]] = True
+    selected = selected.view_as(valid)
+    per_token_loss = torch.where(selected, 0.0, surrogate)
+    metrics = _base_metrics(valid, log_ratio, is_clipped & valid)
+    metrics["pg_covfrac"] = masked_mean(selected.float(), valid)
+    return _finish(per_token_loss, valid, rollout_is_weights, loss_agg_mode, num_tokens, num_seqs, norm_length,
+                   metrics)
+
+
+def kl_cov(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
+           clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
+           num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
+           clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, generator=None):
+    """KL-Cov (Cui et al.): L = -A rho (no clip), plus ppo_kl_coef |logp - old_logp| on the tokens with the
+    largest covariance (A - mean A)(logp - mean logp): max(1, int(kl_cov_ratio * valid tokens)) of them.
+    """
+    valid, log_probs, advantages, log_ratio = _prepare(log_probs, old_log_probs, advantages, response_mask)
+    per_token_loss = -advantages * _ratio(log_ratio)
+    covariance = _covariance(advantages, log_probs, valid).flatten()
+    num_valid = int(valid.sum())
+    num_selected = min(max(int(kl_cov_ratio * num_valid), 1), num_valid)
+    selected = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
+    selected[torch.topk(covariance, num_selected).indices] = True
+    selected = selected.view_as(valid)
+    per_token_loss = per_token_loss + torch.where(selected, ppo_kl_coef * log_ratio.abs(), 0.0)
+    metrics = _base_metrics(valid, log_ratio)
+    metrics["pg_covfrac"] = masked_mean(selected.float(), valid)
+    return _finish(per_token_loss, valid, rollout_is_weights, loss_agg_mode, num_tokens, num_seqs, norm_length,
+                   metrics)
+
+
+def reinforce(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
+              clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
+              num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
+              clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, generator=None):
+    """Importance-weighted policy gradient without clip, for bypass mode: L = -w A logp.
+
+    w = ``rollout_is_weights`` (detached; 1 when None), typically computed per micro-batch by
+    ``rollout_correction.compute_bypass_correction``. ``ppo_kl`` measures old (= rollout) vs current.
+    """
+    valid, log_probs, advantages, log_ratio = _prepare(log_probs, old_log_probs, advantages, response_mask)
+    per_token_loss = -advantages * log_probs
+    metrics = _base_metrics(valid, log_ratio)
+    return _finish(per_token_loss, valid, rollout_is_weights, loss_agg_mode, num_tokens, num_seqs, norm_length,
+                   metrics)
+
+
+POLICY_LOSSES = Registry(
+    "policy loss",
+    {
+        "vanilla": vanilla,
+        "gspo": gspo,
+        "cispo": cispo,
+        "clip_cov": clip_cov,
+        "kl_cov": kl_cov,
+        "reinforce": reinforce,
+    },
+)

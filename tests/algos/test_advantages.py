@@ -1,0 +1,260 @@
+"""Advantage estimators against float64 loops, on a padded batch with garbage in the padding."""
+
+import inspect
+import math
+
+import pytest
+import torch
+
+from asyncrl.algos import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS, needs_critic
+
+from .helpers import append_padding, fill_padding, reference_whiten, valid_positions
+
+# 7 responses, T = 5. Groups (ids deliberately not contiguous): 7 -> rows 0, 2, 5; 3 -> rows 1, 4, 6
+# (row 6 is empty); 11 -> row 3 alone. Row 3 has a hole at t = 1 (an observation token in multi-turn).
+MASK = torch.tensor(
+    [
+        [1, 1, 1, 1, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 1],
+        [1, 0, 1, 1, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0],
+        [0, 0, 0, 0, 0],
+    ],
+    dtype=torch.float64,
+)
+GROUP_IDS = torch.tensor([7, 3, 7, 11, 3, 7, 3])
+BASELINES = torch.tensor([0.5, -1.0, 0.25, 2.0, 0.0, 1.0, 0.3], dtype=torch.float64)
+
+
+def make_inputs():
+    generator = torch.Generator().manual_seed(0)
+    rewards = torch.randn(MASK.shape, generator=generator, dtype=torch.float64)
+    values = torch.randn(MASK.shape, generator=generator, dtype=torch.float64)
+    rewards = fill_padding(rewards, MASK, math.nan)
+    rewards[6, 0] = math.inf  # any garbage, not only nan
+    return rewards, fill_padding(values, MASK, math.nan)
+
+
+def scores_of(rewards) -> list[float]:
+    return [sum(float(rewards[i, t]) for t in row) for i, row in enumerate(valid_positions(MASK))]
+
+
+def groups_of(index: int) -> list[int]:
+    return [j for j in range(len(GROUP_IDS)) if int(GROUP_IDS[j]) == int(GROUP_IDS[index])]
+
+
+def broadcast(per_sequence: list[float]) -> torch.Tensor:
+    return torch.tensor(per_sequence, dtype=torch.float64)[:, None] * MASK
+
+
+def call(name, rewards, values, **overrides):
+    keywords = dict(values=values, reward_baselines=BASELINES)
+    keywords.update(overrides)
+    return ADVANTAGE_ESTIMATORS[name](rewards, MASK, GROUP_IDS, **keywords)
+
+
+@pytest.mark.parametrize("norm_adv_by_std", [True, False])
+def test_grpo_matches_loop(norm_adv_by_std):
+    rewards, values = make_inputs()
+    scores = scores_of(rewards)
+    expected = []
+    for i in range(len(scores)):
+        members = [scores[j] for j in groups_of(i)]
+        mean = sum(members) / len(members)
+        if len(members) == 1:
+            expected.append(0.0)
+            continue
+        std = math.sqrt(sum((x - mean) ** 2 for x in members) / (len(members) - 1))
+        expected.append((scores[i] - mean) / (std + 1e-6) if norm_adv_by_std else scores[i] - mean)
+    advantages, returns = call("grpo", rewards, values, norm_adv_by_std=norm_adv_by_std)
+    torch.testing.assert_close(advantages, broadcast(expected))
+    torch.testing.assert_close(returns, advantages)
+    assert expected[3] == 0.0 and advantages[3].abs().max() == 0.0  # the singleton group
+
+
+def test_dr_grpo_never_divides_by_std():
+    rewards, values = make_inputs()
+    expected, _ = call("grpo", rewards, values, norm_adv_by_std=False)
+    advantages, _ = call("dr_grpo", rewards, values, norm_adv_by_std=True)
+    torch.testing.assert_close(advantages, expected)
+    assert not torch.allclose(advantages, call("grpo", rewards, values, norm_adv_by_std=True)[0])
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "gpg", "opo"])
+def test_group_advantages_have_zero_mean_within_each_group(name):
+    rewards, values = make_inputs()
+    advantages = call(name, rewards, values)[0]
+    lengths = MASK.sum(dim=1)
+    for group_id in (7, 3):
+        rows = (GROUP_IDS == group_id) & (lengths > 0)
+        per_sequence = advantages[rows, 0]  # column 0 is valid in every non-empty row
+        # opo's baseline is length-weighted, so the length-weighted mean is the one that vanishes
+        weights = lengths[rows] if name == "opo" else torch.ones_like(per_sequence)
+        assert per_sequence.abs().max() > 1e-3  # not trivially zero
+        if group_id == 3 and name != "opo":
+            continue  # group 3 holds an empty row (score 0) that is part of the mean but has no token
+        assert abs(float((weights * per_sequence).sum())) < 1e-9
+
+
+def test_rloo_matches_leave_one_out_loop():
+    rewards, values = make_inputs()
+    scores = scores_of(rewards)
+    expected = []
+    for i in range(len(scores)):
+        others = [scores[j] for j in groups_of(i) if j != i]
+        expected.append(scores[i] - sum(others) / len(others) if others else 0.0)  # singleton: 0 (documented)
+    advantages, returns = call("rloo", rewards, values)
+    torch.testing.assert_close(advantages, broadcast(expected))
+    torch.testing.assert_close(returns, advantages)
+
+
+def test_opo_uses_length_weighted_baseline():
+    rewards, values = make_inputs()
+    scores = scores_of(rewards)
+    lengths = [len(row) for row in valid_positions(MASK)]
+    expected = []
+    for i in range(len(scores)):
+        members = groups_of(i)
+        baseline = sum(lengths[j] * scores[j] for j in members) / sum(lengths[j] for j in members)
+        expected.append(scores[i] - baseline)
+    advantages, _ = call("opo", rewards, values)
+    torch.testing.assert_close(advantages, broadcast(expected))
+    assert advantages[3].abs().max() < 1e-12  # singleton
+
+
+def test_gpg_scales_by_fraction_of_nonzero_scores():
+    rewards, values = make_inputs()
+    scores = scores_of(rewards)
+    alpha = len(scores) / max(1, sum(1 for s in scores if s != 0.0))
+    assert alpha == pytest.approx(7 / 6)  # the empty row scores exactly 0
+    expected = []
+    for i in range(len(scores)):
+        members = [scores[j] for j in groups_of(i)]
+        expected.append(alpha * (scores[i] - sum(members) / len(members)))
+    torch.testing.assert_close(call("gpg", rewards, values)[0], broadcast(expected))
+
+
+def reference_return_to_go(rewards, gamma) -> list[list[float]]:
+    result = [[0.0] * MASK.shape[1] for _ in range(MASK.shape[0])]
+    for i, row in enumerate(valid_positions(MASK)):
+        running = 0.0
+        for t in reversed(row):
+            running = float(rewards[i, t]) + gamma * running
+            result[i][t] = running
+    return result
+
+
+def test_reinforce_plus_plus_discounts_and_whitens():
+    rewards, values = make_inputs()
+    expected_returns = reference_return_to_go(rewards, 0.9)
+    advantages, returns = call("reinforce_plus_plus", rewards, values, gamma=0.9)
+    torch.testing.assert_close(returns, torch.tensor(expected_returns, dtype=torch.float64))
+    torch.testing.assert_close(advantages, torch.tensor(reference_whiten(expected_returns, MASK), dtype=torch.float64))
+    # the hole at (3, 1) is skipped: G(3, 0) = r(3, 0) + 0.9 * G(3, 2)
+    assert float(returns[3, 0]) == pytest.approx(float(rewards[3, 0]) + 0.9 * float(returns[3, 2]))
+
+
+def test_reinforce_plus_plus_baseline_centres_then_whitens():
+    rewards, values = make_inputs()
+    scores = scores_of(rewards)
+    centred = [scores[i] - sum(scores[j] for j in groups_of(i)) / len(groups_of(i)) for i in range(len(scores))]
+    matrix = broadcast(centred).tolist()
+    expected = torch.tensor(reference_whiten(matrix, MASK), dtype=torch.float64)
+    advantages, returns = call("reinforce_plus_plus_baseline", rewards, values)
+    torch.testing.assert_close(advantages, expected)
+    torch.testing.assert_close(returns, advantages)
+
+
+def test_remax_subtracts_greedy_baseline_from_reward_to_go():
+    rewards, values = make_inputs()
+    expected_returns = torch.tensor(reference_return_to_go(rewards, 1.0), dtype=torch.float64)
+    advantages, returns = call("remax", rewards, values, gamma=0.5)  # gamma is ignored by remax
+    torch.testing.assert_close(returns, expected_returns)
+    torch.testing.assert_close(advantages, (expected_returns - BASELINES[:, None]) * MASK)
+
+
+def test_gae_matches_loop_with_holes():
+    rewards, values = make_inputs()
+    gamma, lam = 0.9, 0.8
+    raw = [[0.0] * MASK.shape[1] for _ in range(MASK.shape[0])]
+    expected_returns = [[0.0] * MASK.shape[1] for _ in range(MASK.shape[0])]
+    for i, row in enumerate(valid_positions(MASK)):
+        next_value, next_advantage = 0.0, 0.0
+        for t in reversed(row):
+            value = float(values[i, t])
+            delta = float(rewards[i, t]) + gamma * next_value - value
+            next_advantage = delta + gamma * lam * next_advantage
+            next_value = value
+            raw[i][t] = next_advantage
+            expected_returns[i][t] = next_advantage + value
+    advantages, returns = call("gae", rewards, values, gamma=gamma, lam=lam)
+    torch.testing.assert_close(returns, torch.tensor(expected_returns, dtype=torch.float64))
+    torch.testing.assert_close(advantages, torch.tensor(reference_whiten(raw, MASK), dtype=torch.float64))
+
+
+def test_gae_with_unit_gamma_lambda_and_zero_values_is_reward_to_go():
+    rewards, _ = make_inputs()
+    zero_values = fill_padding(torch.zeros_like(rewards), MASK, math.nan)
+    _, returns = call("gae", rewards, zero_values, gamma=1.0, lam=1.0)
+    torch.testing.assert_close(returns, torch.tensor(reference_return_to_go(rewards, 1.0), dtype=torch.float64))
+
+
+def test_missing_inputs_raise_clear_errors():
+    rewards, values = make_inputs()
+    with pytest.raises(ValueError, match="gae.*values"):
+        call("gae", rewards, None)
+    with pytest.raises(ValueError, match="remax.*reward_baselines"):
+        call("remax", rewards, values, reward_baselines=None)
+    with pytest.raises(ValueError, match="valid names: .*grpo"):
+        ADVANTAGE_ESTIMATORS["grpo_typo"]
+    with pytest.raises(ValueError, match="group_ids"):
+        ADVANTAGE_ESTIMATORS["grpo"](rewards, MASK, GROUP_IDS[:3])
+
+
+def test_needs_critic_and_group_set():
+    assert needs_critic("gae") and not needs_critic("grpo") and not needs_critic("remax")
+    with pytest.raises(ValueError):
+        needs_critic("nope")
+    assert GROUP_ESTIMATORS == {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"}
+    assert GROUP_ESTIMATORS <= set(ADVANTAGE_ESTIMATORS)
+
+
+def test_all_singletons_are_finite_and_zero():
+    rewards, values = make_inputs()
+    unique_ids = torch.arange(len(GROUP_IDS))
+    for name in GROUP_ESTIMATORS:
+        advantages, returns = ADVANTAGE_ESTIMATORS[name](rewards, MASK, unique_ids)
+        assert torch.isfinite(advantages).all() and torch.isfinite(returns).all()
+        assert advantages.abs().max() < 1e-9, name
+
+
+def test_every_estimator_has_the_same_signature():
+    signatures = {name: inspect.signature(fn) for name, fn in ADVANTAGE_ESTIMATORS.items()}
+    assert len(set(map(str, signatures.values()))) == 1, signatures
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+def test_padding_never_changes_a_result(name):
+    rewards, values = make_inputs()
+    keywords = dict(values=values, reward_baselines=BASELINES, gamma=0.95, lam=0.9, norm_adv_by_std=True,
+                    epsilon=1e-6)
+    advantages, returns = ADVANTAGE_ESTIMATORS[name](rewards, MASK, GROUP_IDS, **keywords)
+    assert torch.isfinite(advantages).all() and torch.isfinite(returns).all()
+    assert (advantages[MASK == 0] == 0).all() and (returns[MASK == 0] == 0).all()
+    keywords["values"] = append_padding(values, 3, math.nan)
+    padded_advantages, padded_returns = ADVANTAGE_ESTIMATORS[name](
+        append_padding(rewards, 3, math.inf), append_padding(MASK, 3, 0.0), GROUP_IDS, **keywords
+    )
+    torch.testing.assert_close(padded_advantages[:, :5], advantages)
+    torch.testing.assert_close(padded_returns[:, :5], returns)
+    assert (padded_advantages[:, 5:] == 0).all() and (padded_returns[:, 5:] == 0).all()
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
+def test_bool_and_float_masks_agree(mask_dtype):
+    rewards, values = make_inputs()
+    expected, _ = ADVANTAGE_ESTIMATORS["grpo"](rewards, MASK, GROUP_IDS)
+    actual, _ = ADVANTAGE_ESTIMATORS["grpo"](rewards, MASK.to(mask_dtype), GROUP_IDS)
+    torch.testing.assert_close(actual, expected)
