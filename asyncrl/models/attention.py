@@ -1,0 +1,132 @@
+"""Self-attention with a pluggable attention kernel.
+
+Two layouts reach `SelfAttention.forward`:
+- dense batch: hidden (B, T, hidden), every row one sequence from position 0, right-padded; attention is
+  causal SDPA (`is_causal=True`, so CUDA picks flash attention in bf16). Valid tokens never see the right
+  padding under a causal mask, so no padding mask is needed.
+- flattened tokens: hidden (N, hidden) of many sequences, and an `AttentionBackend` that knows which token
+  belongs to which sequence (packed varlen rows for training, paged KV cache for the generation engine).
+  The backend receives q/k/v after q/k norm and RoPE and owns any KV-cache reads and writes.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from asyncrl.models.layers import RMSNorm
+from asyncrl.models.model_config import TransformerConfig
+from asyncrl.models.rope import apply_rotary
+
+
+class AttentionBackend(Protocol):
+    """Attention over flattened tokens, called once per decoder layer in layer order."""
+
+    def attend(self, layer_index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        """query (N, Hq, D), key and value (N, Hkv, D) for the N tokens of this forward, after q/k norm and
+        RoPE; returns (N, Hq, D). Softmax scale is head_dim ** -0.5; Hq is a multiple of Hkv (GQA: query
+        head h reads kv head h // (Hq // Hkv))."""
+        ...
+
+
+def causal_attention(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+    """Dense causal attention: query (B, T, Hq, D), key/value (B, T, Hkv, D) -> (B, T, Hq, D)."""
+    output = F.scaled_dot_product_attention(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+        is_causal=True, enable_gqa=query.shape[2] != key.shape[2],
+    )  # (B, Hq, T, D)
+    return output.transpose(1, 2)
+
+
+class PackedCausalAttention:
+    """Reference `AttentionBackend` for packed varlen rows: sequences concatenated into one row of N tokens,
+    positions restarting at 0 per sequence, block-diagonal causal attention.
+
+    It uses SDPA with a boolean (N, N) mask, which is exact but O(N^2) memory: a reference for tests and
+    CPU runs, not a fast kernel. `cu_seqlens` (S + 1,) holds cumulative lengths [0, len_0, len_0 + len_1, ...].
+    """
+
+    def __init__(self, cu_seqlens: Tensor) -> None:
+        cu_seqlens = torch.as_tensor(cu_seqlens, dtype=torch.int64)
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or int(cu_seqlens[0]) != 0:
+            raise ValueError(f"cu_seqlens must be 1-D, start at 0 and hold S + 1 >= 2 entries, got {cu_seqlens.tolist()}")
+        lengths = cu_seqlens[1:] - cu_seqlens[:-1]  # (S,)
+        if bool((lengths <= 0).any()):
+            raise ValueError(f"cu_seqlens must be strictly increasing, got {cu_seqlens.tolist()}")
+        self.cu_seqlens = cu_seqlens
+        self.num_tokens = int(cu_seqlens[-1])
+        self._mask: Tensor | None = None  # (N, N), built on first use and shared by all layers
+
+    @classmethod
+    def from_lengths(cls, lengths: list[int]) -> PackedCausalAttention:
+        cu_seqlens = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+        cu_seqlens[1:] = torch.cumsum(torch.as_tensor(lengths, dtype=torch.int64), dim=0)
+        return cls(cu_seqlens)
+
+    def positions(self, device: torch.device | str | None = None) -> Tensor:
+        """(N,) positions restarting at 0 for every packed sequence."""
+        lengths = self.cu_seqlens[1:] - self.cu_seqlens[:-1]
+        starts = torch.repeat_interleave(self.cu_seqlens[:-1], lengths)  # (N,)
+        return (torch.arange(self.num_tokens) - starts).to(device)
+
+    def _block_causal_mask(self, device: torch.device) -> Tensor:
+        if self._mask is None or self._mask.device != device:
+            lengths = self.cu_seqlens[1:] - self.cu_seqlens[:-1]
+            sequence_ids = torch.repeat_interleave(torch.arange(lengths.numel()), lengths).to(device)  # (N,)
+            same_sequence = sequence_ids[:, None] == sequence_ids[None, :]  # (N, N)
+            causal = torch.ones(self.num_tokens, self.num_tokens, dtype=torch.bool, device=device).tril()
+            self._mask = same_sequence & causal
+        return self._mask
+
+    def attend(self, layer_index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        if query.shape[0] != self.num_tokens:
+            raise ValueError(f"PackedCausalAttention expects {self.num_tokens} tokens, got query {tuple(query.shape)}")
+        mask = self._block_causal_mask(query.device)
+        output = F.scaled_dot_product_attention(
+            query.transpose(0, 1).unsqueeze(0), key.transpose(0, 1).unsqueeze(0), value.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask, enable_gqa=query.shape[1] != key.shape[1],
+        )  # (1, Hq, N, D)
+        return output.squeeze(0).transpose(0, 1)
+
+
+class SelfAttention(nn.Module):
+    """q/k/v projections, optional per-head q/k RMSNorm (Qwen3), RoPE, attention kernel, o_proj.
+
+    Parameter names mirror HF: `q_proj`, `k_proj`, `v_proj`, `o_proj`, `q_norm`, `k_norm`.
+    """
+
+    def __init__(self, config: TransformerConfig, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.use_qk_norm = config.use_qk_norm
+        hidden, head_dim = config.hidden_size, config.head_dim
+        self.q_proj = nn.Linear(hidden, self.num_heads * head_dim, bias=config.attention_bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=config.output_bias)
+        if self.use_qk_norm:
+            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
+
+    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionBackend | None) -> Tensor:
+        """hidden (B, T, hidden) with attention None, or (N, hidden) with a backend; cos/sin (..., D)."""
+        leading = hidden.shape[:-1]
+        query = self.q_proj(hidden).view(*leading, self.num_heads, self.head_dim)  # (..., Hq, D)
+        key = self.k_proj(hidden).view(*leading, self.num_kv_heads, self.head_dim)  # (..., Hkv, D)
+        value = self.v_proj(hidden).view(*leading, self.num_kv_heads, self.head_dim)  # (..., Hkv, D)
+        if self.use_qk_norm:
+            query = self.q_norm(query)
+            key = self.k_norm(key)
+        query = apply_rotary(query, cos, sin)
+        key = apply_rotary(key, cos, sin)
+        if attention is None:
+            output = causal_attention(query, key, value)
+        else:
+            output = attention.attend(self.layer_index, query, key, value)
+        return self.o_proj(output.reshape(*leading, self.num_heads * self.head_dim))

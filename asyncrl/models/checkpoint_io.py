@@ -1,0 +1,225 @@
+"""HF-format model folders: config.json + safetensors (single file or sharded with an index) + tokenizer files.
+
+    model = load_model("Qwen2.5-0.5B-Instruct", dtype=torch.bfloat16, device="cuda")
+    critic = load_model("Qwen2.5-0.5B-Instruct", kind="value")    # backbone from the LM, fresh score head
+    save_model(model, "out/step_10", tokenizer_folder="Qwen2.5-0.5B-Instruct")
+    for name, tensor in iter_named_tensors(model): ...             # weight sync, HF names
+    load_named_tensors(engine_model, pairs)                        # in-place copy, no reallocation
+
+Our parameter names equal HF's, so loading is a name match; anything missing, unexpected or of the wrong shape
+raises before a single weight is copied. Models are built on the meta device and then materialised once, so
+loading a 7B model does not first run a random init.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from asyncrl.models.model_config import MODEL_KINDS, TransformerConfig, architecture_of
+from asyncrl.models.transformer import CausalLM, ValueModel
+
+CONFIG_FILE = "config.json"
+SINGLE_WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+SHARD_PATTERN = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+# Copied byte for byte from a source folder on save; whichever of them exist.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "generation_config.json",
+    "chat_template.jinja", "chat_template.json",
+)
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+
+Model = CausalLM | ValueModel
+
+
+def read_config(folder: str | Path) -> tuple[TransformerConfig, str]:
+    """(config, kind stored in the folder: "causal_lm" or "value") from folder/config.json."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"model folder {folder} does not exist")
+    config_path = folder / CONFIG_FILE
+    if not config_path.is_file():
+        raise ValueError(f"model folder {folder} has no {CONFIG_FILE}")
+    hf_config = json.loads(config_path.read_text())
+    _, stored_kind = architecture_of(hf_config, str(config_path))
+    return TransformerConfig.from_hf_dict(hf_config, str(config_path)), stored_kind
+
+
+def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+               kind: str = "causal_lm") -> Model:
+    """Builds a CausalLM (kind "causal_lm") or ValueModel (kind "value") from an HF folder.
+
+    A value model loads from its own saved folder (score head included) or from a causal-LM folder (backbone
+    loaded, lm_head ignored, score head initialised by `ValueModel.reset_score_head`).
+    """
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"kind must be one of {MODEL_KINDS}, got {kind!r}")
+    folder = Path(folder)
+    config, stored_kind = read_config(folder)
+    if kind == "causal_lm" and stored_kind == "value":
+        raise ValueError(f"model folder {folder} holds a value model (token classification); cannot load it as a causal LM")
+    with torch.device("meta"):
+        model = CausalLM(config) if kind == "causal_lm" else ValueModel(config)
+    model.to(dtype=dtype)
+    model.to_empty(device=device)
+    # to_empty unties shared parameters (RoPE frequencies are recomputed by RotaryEmbedding itself).
+    if isinstance(model, CausalLM):
+        model.tie_weights()
+    ignored = {"lm_head.weight"} if kind == "value" or config.tie_word_embeddings else set()
+    is_new_head = kind == "value" and stored_kind == "causal_lm"
+    _load_weights(model, folder, ignored, optional={"score.weight", "score.bias"} if is_new_head else set())
+    if isinstance(model, ValueModel) and is_new_head:
+        model.reset_score_head()
+    return model
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index_path = folder / WEIGHTS_INDEX_FILE
+    if index_path.is_file():
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        for path in files:
+            if not path.is_file():
+                raise ValueError(f"model folder {folder}: {WEIGHTS_INDEX_FILE} names {path.name}, which is missing")
+        return files
+    if (folder / SINGLE_WEIGHTS_FILE).is_file():
+        return [folder / SINGLE_WEIGHTS_FILE]
+    raise ValueError(
+        f"model folder {folder} has neither {SINGLE_WEIGHTS_FILE} nor {WEIGHTS_INDEX_FILE} "
+        "(only safetensors checkpoints are supported)")
+
+
+def _load_weights(model: Model, folder: Path, ignored: set[str], optional: set[str]) -> None:
+    """Checks every name and shape across all files first, then copies. Names in `ignored` are skipped when
+    present in the files; parameters in `optional` may be absent from them."""
+    parameters = dict(model.named_parameters())  # a tied lm_head appears only as the embedding
+    file_shapes: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    for path in _weight_files(folder):
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                file_shapes[name] = (path, tuple(handle.get_slice(name).get_shape()))
+    # Old checkpoints store the RoPE buffer; it is recomputed from the config.
+    names = {name for name in file_shapes if name not in ignored and not name.endswith("rotary_emb.inv_freq")}
+    missing = sorted(set(parameters) - names - optional)
+    unexpected = sorted(names - set(parameters))
+    if missing or unexpected:
+        raise ValueError(
+            f"model folder {folder} does not match {type(model).__name__}: missing tensors {missing[:8]}"
+            f"{' ...' if len(missing) > 8 else ''}, unexpected tensors {unexpected[:8]}"
+            f"{' ...' if len(unexpected) > 8 else ''}")
+    for name in sorted(names):
+        path, shape = file_shapes[name]
+        if shape != tuple(parameters[name].shape):
+            raise ValueError(
+                f"model folder {folder}: tensor {name} in {path.name} has shape {list(shape)}, "
+                f"the model expects {list(parameters[name].shape)}")
+    with torch.no_grad():
+        for path in sorted({file_shapes[name][0] for name in names}):
+            with safe_open(str(path), framework="pt") as handle:
+                for name in handle.keys():
+                    if name in names:
+                        parameters[name].copy_(handle.get_tensor(name))
+
+
+def save_model(model: Model, folder: str | Path, tokenizer_folder: str | Path | None = None,
+               max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
+    """Writes config.json and the weights (one model.safetensors, or model-0000i-of-0000n.safetensors plus
+    model.safetensors.index.json when larger than `max_shard_bytes`) in the parameters' dtype, then copies
+    tokenizer files from `tokenizer_folder` byte for byte. Returns the folder.
+
+    Stale weight files of an earlier save into the same folder are removed first. Not atomic: callers that
+    need that save into a temporary folder and rename it.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in folder.iterdir():
+        if path.name in (SINGLE_WEIGHTS_FILE, WEIGHTS_INDEX_FILE) or SHARD_PATTERN.fullmatch(path.name):
+            path.unlink()
+    tensors = {name: tensor.to("cpu").contiguous() for name, tensor in iter_named_tensors(model)}
+    shards = _split_into_shards(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        save_file(shards[0], str(folder / SINGLE_WEIGHTS_FILE), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for index, shard in enumerate(shards):
+            file_name = f"model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(folder / file_name), metadata={"format": "pt"})
+            weight_map.update({name: file_name for name in shard})
+        total_size = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
+        index_json = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+        (folder / WEIGHTS_INDEX_FILE).write_text(json.dumps(index_json, indent=2) + "\n")
+    kind = "value" if isinstance(model, ValueModel) else "causal_lm"
+    dtype = next(model.parameters()).dtype
+    hf_config = model.config.to_hf_dict(kind=kind, dtype=dtype)
+    (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+    if tokenizer_folder is not None:
+        copy_tokenizer_files(tokenizer_folder, folder)
+    return folder
+
+
+def _split_into_shards(tensors: dict[str, Tensor], max_shard_bytes: int) -> list[dict[str, Tensor]]:
+    """Greedy split in name order; a single tensor larger than the limit gets a shard of its own."""
+    shards: list[dict[str, Tensor]] = [{}]
+    shard_bytes = 0
+    for name, tensor in tensors.items():
+        size = tensor.numel() * tensor.element_size()
+        if shards[-1] and shard_bytes + size > max_shard_bytes:
+            shards.append({})
+            shard_bytes = 0
+        shards[-1][name] = tensor
+        shard_bytes += size
+    return shards
+
+
+def copy_tokenizer_files(source: str | Path, destination: str | Path) -> list[str]:
+    """Byte-copies the tokenizer / generation-config files present in `source`; returns their names."""
+    source, destination = Path(source), Path(destination)
+    if not source.is_dir():
+        raise ValueError(f"tokenizer folder {source} does not exist")
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file() and source.resolve() != destination.resolve():
+            shutil.copyfile(source / name, destination / name)
+            copied.append(name)
+    return copied
+
+
+def iter_named_tensors(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(HF name, detached tensor) for every parameter; a tied lm_head is yielded once, as the embedding."""
+    for name, parameter in model.named_parameters():
+        yield name, parameter.detach()
+
+
+def load_named_tensors(model: nn.Module, pairs: Iterable[tuple[str, Tensor]]) -> int:
+    """Copies tensors into the model's parameters in place (storage, dtype and device kept); returns how many.
+
+    Any subset of names may be given (weight sync sends buckets). An unknown name or a shape mismatch raises
+    ValueError. `lm_head.weight` of a tied model is skipped: it is the embedding, which is sent on its own.
+    """
+    parameters = dict(model.named_parameters())
+    is_tied = isinstance(model, CausalLM) and model.config.tie_word_embeddings
+    num_copied = 0
+    with torch.no_grad():
+        for name, tensor in pairs:
+            if name == "lm_head.weight" and is_tied:
+                continue
+            if name not in parameters:
+                raise ValueError(f"load_named_tensors: unknown tensor {name} for {type(model).__name__}")
+            target = parameters[name]
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"load_named_tensors: tensor {name} has shape {list(tensor.shape)}, "
+                    f"the model expects {list(target.shape)}")
+            target.copy_(tensor)
+            num_copied += 1
+    return num_copied

@@ -1,0 +1,110 @@
+"""A character-level tokenizer for tiny CPU models, saved as HF tokenizer files, and the tokenizer loader.
+
+One token per character (printable ASCII, tab and newline) plus a few special tokens, and a compact chat
+template (`<|user|>2+3=<|assistant|>`): CPU demos are sensitive to sequence length, so a turn costs one token
+of markup instead of the five or so of ChatML.
+
+    save_char_tokenizer("tiny_model/")
+    tokenizer = load_tokenizer("tiny_model/")     # transformers.AutoTokenizer under the hood
+    tokenizer.apply_chat_template([{"role": "user", "content": "2+3="}], add_generation_prompt=True,
+                                  tokenize=False)  # '<|user|>2+3=<|assistant|>'
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+PAD_TOKEN = "<|pad|>"
+EOS_TOKEN = "<|endoftext|>"
+UNK_TOKEN = "<|unk|>"
+SYSTEM_TOKEN = "<|system|>"
+USER_TOKEN = "<|user|>"
+ASSISTANT_TOKEN = "<|assistant|>"
+SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN, SYSTEM_TOKEN, USER_TOKEN, ASSISTANT_TOKEN)
+CHARACTERS = "\t\n" + "".join(chr(code) for code in range(32, 127))  # printable ASCII incl. space and digits
+
+# An assistant turn ends with EOS so that a model learns to stop after answering.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}" + SYSTEM_TOKEN + "{{ message['content'] }}"
+    "{%- elif message['role'] == 'user' -%}" + USER_TOKEN + "{{ message['content'] }}"
+    "{%- elif message['role'] == 'assistant' -%}" + ASSISTANT_TOKEN + "{{ message['content'] }}" + EOS_TOKEN +
+    "{%- else -%}{{ raise_exception('unknown chat role: ' + message['role']) }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}" + ASSISTANT_TOKEN + "{%- endif -%}"
+)
+TOKENIZER_FILE_NAMES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def char_vocab_size() -> int:
+    """Number of tokens of the character tokenizer (special tokens first, then characters)."""
+    return len(SPECIAL_TOKENS) + len(CHARACTERS)
+
+
+def build_char_tokenizer() -> Tokenizer:
+    """The `tokenizers.Tokenizer`: ids 0..5 are SPECIAL_TOKENS, then one id per character of CHARACTERS."""
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + tuple(CHARACTERS))}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    # Every character is its own pre-token; "[\s\S]" also matches newline, unlike ".".
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    # Fuse concatenates tokens on decode; the default would join them with spaces.
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    return tokenizer
+
+
+def _tokenizer_config(model_max_length: int) -> dict[str, Any]:
+    added_tokens = {
+        str(index): {"content": token, "lstrip": False, "normalized": False, "rstrip": False,
+                     "single_word": False, "special": True}
+        for index, token in enumerate(SPECIAL_TOKENS)
+    }
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "added_tokens_decoder": added_tokens,
+        "bos_token": None,
+        "eos_token": EOS_TOKEN,
+        "pad_token": PAD_TOKEN,
+        "unk_token": UNK_TOKEN,
+        "additional_special_tokens": [SYSTEM_TOKEN, USER_TOKEN, ASSISTANT_TOKEN],
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": model_max_length,
+        "padding_side": "right",
+    }
+
+
+def save_char_tokenizer(folder: str | Path, model_max_length: int = 512) -> Path:
+    """Writes tokenizer.json, tokenizer_config.json and special_tokens_map.json into `folder`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    build_char_tokenizer().save(str(folder / "tokenizer.json"))
+    config = _tokenizer_config(model_max_length)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    special_tokens_map = {key: config[key] for key in ("eos_token", "pad_token", "unk_token", "additional_special_tokens")}
+    (folder / "special_tokens_map.json").write_text(json.dumps(special_tokens_map, indent=2) + "\n")
+    return folder
+
+
+def load_tokenizer(folder: str | Path) -> Any:
+    """`transformers.AutoTokenizer.from_pretrained(folder)` after checking the folder holds tokenizer files.
+
+    transformers is imported here, not at module top, so that `asyncrl.models` imports without it.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"tokenizer folder {folder} does not exist")
+    has_fast = (folder / "tokenizer.json").is_file()
+    has_slow = (folder / "tokenizer.model").is_file() or (folder / "vocab.json").is_file()
+    if not (has_fast or has_slow):
+        raise ValueError(
+            f"tokenizer folder {folder} lacks tokenizer files: expected tokenizer.json "
+            "(or vocab.json + merges.txt, or tokenizer.model), normally with tokenizer_config.json")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))

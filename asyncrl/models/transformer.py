@@ -1,0 +1,134 @@
+"""The dense transformer shared by the trainer and the generation engine (Llama / Qwen2 / Qwen2.5 / Qwen3).
+
+Parameter names equal HF state-dict names (`model.layers.0.self_attn.q_proj.weight`, `lm_head.weight`, ...),
+so checkpoint I/O and weight sync are plain name matches.
+
+    model = CausalLM(config)
+    hidden = model(input_ids, positions)          # dense: input_ids, positions (B, T), right-padded rows
+    logits = model.compute_logits(hidden)         # (B, T, V) fp32; callers may pass chunks of `hidden`
+    hidden = model(input_ids, positions, attention=PackedCausalAttention(cu_seqlens))  # flattened: (N,)
+
+`forward` returns final-normed hidden states rather than logits so that log-probs can be computed in chunks
+without materialising (B, T, V) at once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from asyncrl.models.attention import AttentionBackend, SelfAttention
+from asyncrl.models.layers import RMSNorm, SwiGLU
+from asyncrl.models.model_config import TransformerConfig
+from asyncrl.models.rope import RotaryEmbedding
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: TransformerConfig, layer_index: int) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(config, layer_index)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionBackend | None) -> Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, attention)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class TransformerModel(nn.Module):
+    """Embedding, decoder layers and the final norm (HF's `model.*`); returns final-normed hidden states."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, index) for index in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+        # Recompute each layer's activations in backward instead of storing them (trainer memory saver).
+        self.gradient_checkpointing = False
+
+    def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionBackend | None = None) -> Tensor:
+        """input_ids/positions (B, T) with attention None, or (N,) with a backend -> hidden (..., hidden)."""
+        _check_layout(input_ids, positions, attention)
+        hidden = self.embed_tokens(input_ids)  # (..., hidden)
+        cos, sin = self.rotary_emb(positions, hidden.dtype)  # (..., D) each
+        use_checkpoint = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        for layer in self.layers:
+            if use_checkpoint:
+                hidden = checkpoint(layer, hidden, cos, sin, attention, use_reentrant=False)
+            else:
+                hidden = layer(hidden, cos, sin, attention)
+        return self.norm(hidden)
+
+
+def _check_layout(input_ids: Tensor, positions: Tensor, attention: AttentionBackend | None) -> None:
+    if positions.shape != input_ids.shape:
+        raise ValueError(
+            f"positions must have the shape of input_ids, got {tuple(positions.shape)} and {tuple(input_ids.shape)}")
+    if attention is None and input_ids.dim() != 2:
+        raise ValueError(
+            f"dense layout (attention=None) needs input_ids (B, T), got {tuple(input_ids.shape)}; "
+            "pass an AttentionBackend for flattened (N,) tokens")
+    if attention is not None and input_ids.dim() != 1:
+        raise ValueError(f"an AttentionBackend needs flattened input_ids (N,), got {tuple(input_ids.shape)}")
+
+
+class CausalLM(nn.Module):
+    """Backbone `.model` plus `.lm_head` (the same Parameter as the embedding when tied, as in HF)."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = TransformerModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Makes lm_head share the embedding Parameter when configured (again after `to_empty`, which unties)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        self.model.gradient_checkpointing = enabled
+
+    def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionBackend | None = None) -> Tensor:
+        """Final-normed hidden states (B, T, hidden) or (N, hidden); see `compute_logits`."""
+        return self.model(input_ids, positions, attention)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """hidden (..., hidden) -> logits (..., V) in fp32 (the matmul runs in the model dtype, like HF)."""
+        return self.lm_head(hidden).float()
+
+
+class ValueModel(nn.Module):
+    """Backbone `.model` plus a `.score` head Linear(hidden, 1) named like HF's `*ForTokenClassification`."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = TransformerModel(config)
+        self.score = nn.Linear(config.hidden_size, 1, bias=True)
+        self.reset_score_head()
+
+    def reset_score_head(self, seed: int = 0) -> None:
+        """Deterministic small init: weight ~ N(0, 1 / (hidden + 1)^2) from `seed`, bias 0, so initial values
+        are near 0 while gradients still reach the backbone from the first step."""
+        generator = torch.Generator().manual_seed(seed)
+        std = 1.0 / (self.config.hidden_size + 1)
+        weight = torch.randn(tuple(self.score.weight.shape), generator=generator) * std
+        with torch.no_grad():
+            self.score.weight.copy_(weight)
+            self.score.bias.zero_()
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        self.model.gradient_checkpointing = enabled
+
+    def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionBackend | None = None) -> Tensor:
+        """Values in fp32, shaped like input_ids: (B, T) dense or (N,) flattened."""
+        hidden = self.model(input_ids, positions, attention)
+        return self.score(hidden).squeeze(-1).float()

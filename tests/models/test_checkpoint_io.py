@@ -1,0 +1,174 @@
+"""HF folder I/O: bitwise round trips (single and sharded), transformers interop, in-place updates, errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+from asyncrl.models import (
+    ValueModel,
+    iter_named_tensors,
+    load_model,
+    load_named_tensors,
+    save_model,
+)
+from asyncrl.models.checkpoint_io import TOKENIZER_FILES
+
+from .helpers import right_padded_batch
+
+
+def _assert_bitwise_equal(model_a, model_b) -> None:
+    tensors_a, tensors_b = dict(iter_named_tensors(model_a)), dict(iter_named_tensors(model_b))
+    assert tensors_a.keys() == tensors_b.keys()
+    for name in tensors_a:
+        assert tensors_a[name].dtype == tensors_b[name].dtype, name
+        assert torch.equal(tensors_a[name], tensors_b[name]), name
+
+
+@pytest.mark.parametrize("case", ["llama3_scaled_untied", "qwen2_bias_tied"])
+def test_single_file_round_trip_is_bitwise(family_folders, tmp_path, case):
+    source = family_folders[case]
+    model = load_model(source)
+    save_model(model, tmp_path / "copy", tokenizer_folder=source)
+    assert (tmp_path / "copy" / "model.safetensors").is_file()
+    assert not (tmp_path / "copy" / "model.safetensors.index.json").exists()
+    _assert_bitwise_equal(model, load_model(tmp_path / "copy"))
+    stored = load_file(str(tmp_path / "copy" / "model.safetensors"))
+    assert ("lm_head.weight" in stored) == (not model.config.tie_word_embeddings)
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            assert (tmp_path / "copy" / name).read_bytes() == (source / name).read_bytes(), name
+    assert (tmp_path / "copy" / "tokenizer.json").is_file()
+
+
+def test_sharded_round_trip_is_bitwise_and_loads_in_transformers(family_folders, tmp_path):
+    model = load_model(family_folders["llama3_scaled_untied"])
+    save_model(model, tmp_path / "sharded", max_shard_bytes=40_000)
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    shard_names = sorted(set(index["weight_map"].values()))
+    assert len(shard_names) > 2 and shard_names[0] == f"model-00001-of-{len(shard_names):05d}.safetensors"
+    assert set(index["weight_map"]) == {name for name, _ in iter_named_tensors(model)}
+    total_size = sum(tensor.numel() * 4 for _, tensor in iter_named_tensors(model))
+    assert index["metadata"]["total_size"] == total_size
+    assert not (tmp_path / "sharded" / "model.safetensors").exists()
+    _assert_bitwise_equal(model, load_model(tmp_path / "sharded"))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "sharded", dtype=torch.float32)
+    input_ids, positions, attention_mask = right_padded_batch([6, 3], model.config.vocab_size)
+    with torch.no_grad():
+        ours = model.compute_logits(model(input_ids, positions))
+        theirs = reference(input_ids=input_ids, attention_mask=attention_mask).logits
+    assert (ours - theirs)[attention_mask.bool()].abs().max().item() <= 1e-5
+
+
+def test_resaving_into_a_folder_removes_stale_shards(family_folders, tmp_path):
+    model = load_model(family_folders["qwen2_bias_tied"])
+    save_model(model, tmp_path / "out", max_shard_bytes=40_000)
+    save_model(model, tmp_path / "out")
+    weight_files = sorted(path.name for path in (tmp_path / "out").glob("model*"))
+    assert weight_files == ["model.safetensors"]
+
+
+def test_bf16_save_keeps_dtype(family_folders, tmp_path):
+    model = load_model(family_folders["qwen3_qk_norm"], dtype=torch.bfloat16)
+    assert {tensor.dtype for _, tensor in iter_named_tensors(model)} == {torch.bfloat16}
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32  # RoPE frequencies stay fp32
+    save_model(model, tmp_path / "bf16")
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    _assert_bitwise_equal(model, load_model(tmp_path / "bf16", dtype=torch.bfloat16))
+
+
+def test_value_model_round_trip_and_start_from_causal_lm(family_folders, tmp_path):
+    source = family_folders["qwen2_bias_tied"]
+    policy = load_model(source)
+    critic = load_model(source, kind="value")
+    assert isinstance(critic, ValueModel)
+    backbone = {name: tensor for name, tensor in iter_named_tensors(policy) if name.startswith("model.")}
+    for name, tensor in iter_named_tensors(critic):
+        if name.startswith("model."):
+            assert torch.equal(tensor, backbone[name]), name
+    assert torch.equal(critic.score.weight, load_model(source, kind="value").score.weight)  # deterministic head
+    with torch.no_grad():
+        critic.score.weight.mul_(3.0)
+        critic.score.bias.fill_(-0.5)
+    save_model(critic, tmp_path / "critic")
+    assert json.loads((tmp_path / "critic" / "config.json").read_text())["architectures"] == ["Qwen2ForTokenClassification"]
+    _assert_bitwise_equal(critic, load_model(tmp_path / "critic", kind="value"))
+    with pytest.raises(ValueError, match="holds a value model"):
+        load_model(tmp_path / "critic")
+
+
+def test_load_named_tensors_copies_in_place(family_folders):
+    trainer_model = load_model(family_folders["qwen2_bias_tied"])
+    engine_model = load_model(family_folders["qwen2_bias_tied"], dtype=torch.bfloat16)
+    with torch.no_grad():
+        for parameter in trainer_model.parameters():
+            parameter.add_(0.5)
+    pointers_before = {name: tensor.data_ptr() for name, tensor in iter_named_tensors(engine_model)}
+    num_copied = load_named_tensors(engine_model, iter_named_tensors(trainer_model))
+    assert num_copied == len(pointers_before)
+    for name, tensor in iter_named_tensors(engine_model):
+        assert tensor.data_ptr() == pointers_before[name], name
+        assert tensor.dtype == torch.bfloat16
+    trainer_tensors = dict(iter_named_tensors(trainer_model))
+    for name, tensor in iter_named_tensors(engine_model):
+        assert torch.equal(tensor, trainer_tensors[name].to(torch.bfloat16)), name
+    assert engine_model.lm_head.weight is engine_model.model.embed_tokens.weight  # still tied
+
+
+def test_load_named_tensors_rejects_unknown_names_and_shapes(qwen2_model):
+    with pytest.raises(ValueError, match="unknown tensor model.layers.9.mlp.up_proj.weight"):
+        load_named_tensors(qwen2_model, [("model.layers.9.mlp.up_proj.weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match=r"tensor model.norm.weight has shape \[3\], the model expects \[64\]"):
+        load_named_tensors(qwen2_model, [("model.norm.weight", torch.zeros(3))])
+
+
+def test_missing_folder_config_and_weights_are_named(family_folders, tmp_path):
+    with pytest.raises(ValueError, match=f"model folder {tmp_path / 'absent'} does not exist"):
+        load_model(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=f"model folder {tmp_path / 'empty'} has no config.json"):
+        load_model(tmp_path / "empty")
+    shutil.copy(family_folders["qwen2_bias_tied"] / "config.json", tmp_path / "empty" / "config.json")
+    with pytest.raises(ValueError, match="has neither model.safetensors nor model.safetensors.index.json"):
+        load_model(tmp_path / "empty")
+
+
+def _copy_with_edited_weights(source, destination, edit) -> None:
+    shutil.copytree(source, destination)
+    tensors = load_file(str(destination / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(destination / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_missing_unexpected_and_misshaped_tensors_are_named(family_folders, tmp_path):
+    source = family_folders["llama3_scaled_untied"]
+    _copy_with_edited_weights(source, tmp_path / "missing", lambda t: t.pop("model.layers.1.mlp.down_proj.weight"))
+    with pytest.raises(ValueError, match=r"missing tensors \['model.layers.1.mlp.down_proj.weight'\]"):
+        load_model(tmp_path / "missing")
+    _copy_with_edited_weights(source, tmp_path / "extra", lambda t: t.update({"model.extra.weight": torch.zeros(2)}))
+    with pytest.raises(ValueError, match=r"unexpected tensors \['model.extra.weight'\]"):
+        load_model(tmp_path / "extra")
+
+    def shrink(tensors):
+        tensors["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(16, 64)
+
+    _copy_with_edited_weights(source, tmp_path / "shape", shrink)
+    with pytest.raises(ValueError, match=(
+            rf"model folder {tmp_path / 'shape'}: tensor model.layers.0.self_attn.k_proj.weight in model.safetensors "
+            r"has shape \[16, 64\], the model expects \[32, 64\]")):
+        load_model(tmp_path / "shape")
+
+
+def test_unsupported_architecture_names_the_file(family_folders, tmp_path):
+    shutil.copytree(family_folders["qwen2_bias_tied"], tmp_path / "moe")
+    config_path = tmp_path / "moe" / "config.json"
+    hf_config = json.loads(config_path.read_text())
+    hf_config.update(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe")
+    config_path.write_text(json.dumps(hf_config))
+    with pytest.raises(ValueError, match=rf"{config_path}: architectures=\['Qwen2MoeForCausalLM'\] is not supported"):
+        load_model(tmp_path / "moe")

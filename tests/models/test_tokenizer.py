@@ -1,0 +1,58 @@
+"""The character tokenizer through transformers.AutoTokenizer: ids, chat template, round trips."""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+
+from asyncrl.models import char_vocab_size, load_tokenizer, save_char_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return load_tokenizer(save_char_tokenizer(tmp_path_factory.mktemp("tokenizer")))
+
+
+def test_special_ids_and_vocab_size(tokenizer):
+    assert tokenizer.pad_token == "<|pad|>" and tokenizer.pad_token_id == 0
+    assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.eos_token_id == 1
+    assert len(tokenizer) == char_vocab_size() == 103
+    assert tokenizer.convert_tokens_to_ids(["<|system|>", "<|user|>", "<|assistant|>"]) == [3, 4, 5]
+
+
+def test_one_token_per_character_and_round_trip(tokenizer):
+    text = string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", "") + "  two  spaces\n"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) == len(text)
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids
+    assert tokenizer.encode("ab", add_special_tokens=False) == [6 + 2 + ord("a") - 32, 6 + 2 + ord("b") - 32]
+
+
+def test_special_tokens_are_single_ids_and_unknown_chars_map_to_unk(tokenizer):
+    assert tokenizer.encode("<|user|>hi<|assistant|>", add_special_tokens=False) == [
+        4, tokenizer.convert_tokens_to_ids("h"), tokenizer.convert_tokens_to_ids("i"), 5]
+    assert tokenizer.encode("é", add_special_tokens=False) == [tokenizer.unk_token_id]
+    assert tokenizer.decode([4, 1], skip_special_tokens=True) == ""
+
+
+def test_compact_chat_template(tokenizer):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3="}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert prompt == "<|system|>Be brief.<|user|>2+3=<|assistant|>"
+    without_prompt = tokenizer.apply_chat_template(messages[1:], add_generation_prompt=False, tokenize=False)
+    assert without_prompt == "<|user|>2+3="
+    conversation = messages[1:] + [{"role": "assistant", "content": "5"}]
+    assert tokenizer.apply_chat_template(conversation, tokenize=False) == "<|user|>2+3=<|assistant|>5<|endoftext|>"
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    assert len(prompt_ids) == 3 + len("Be brief.") + len("2+3=")  # one token of markup per turn
+    with pytest.raises(Exception, match="unknown chat role: tool"):
+        tokenizer.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
+
+
+def test_load_tokenizer_names_a_folder_without_files(tmp_path):
+    with pytest.raises(ValueError, match=f"tokenizer folder {tmp_path} lacks tokenizer files"):
+        load_tokenizer(tmp_path)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_tokenizer(tmp_path / "absent")
