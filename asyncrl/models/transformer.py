@@ -131,4 +131,5 @@ class ValueModel(nn.Module):
     def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionBackend | None = None) -> Tensor:
         """Values in fp32, shaped like input_ids: (B, T) dense or (N,) flattened."""
         hidden = self.model(input_ids, positions, attention)
-        return self.score(hidden).squeeze(-1).float()
+        # A fresh tensor, not a view: FSDP hooks the output for backward and a view could lose the hook.
+        return self.score(hidden).squeeze(-1).to(torch.float32, copy=True)

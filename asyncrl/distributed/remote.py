@@ -1,0 +1,60 @@
+"""Every wait on another actor goes through `wait_for`, so none can hang and every failure is named.
+
+    metrics = wait_for(worker.update_actor.remote(batch), component="trainer/rank0", call="update_actor",
+                       timeout_s=600)
+
+A wait past its limit raises `RemoteTimeoutError`; a dead actor or a remote exception raises
+`RemoteCallError`; both name the component, the call and the elapsed time.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+
+class RemoteCallError(RuntimeError):
+    """A remote call failed (the actor died or raised); the message names it."""
+
+
+class RemoteTimeoutError(TimeoutError):
+    """A remote call did not answer in time; the message names it."""
+
+
+def wait_for(ref: ray.ObjectRef, component: str, call: str, timeout_s: float) -> Any:
+    return wait_for_all([ref], [component], call, timeout_s)[0]
+
+
+def wait_for_all(refs: Sequence[ray.ObjectRef], components: Sequence[str], call: str, timeout_s: float) -> list:
+    """Results in order; the first failure raises, naming its component (the slowest one on timeout)."""
+    started = time.monotonic()
+    pending = dict(zip(refs, components))
+    results: dict[ray.ObjectRef, Any] = {}
+    while pending:
+        remaining = timeout_s - (time.monotonic() - started)
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, remaining))
+        if not ready:
+            names = ", ".join(pending.values())
+            raise RemoteTimeoutError(f"{names}: {call} did not answer within {timeout_s:.0f}s "
+                                     f"(waited {time.monotonic() - started:.1f}s)")
+        for ref in ready:
+            component = pending.pop(ref)
+            results[ref] = fetch(ref, component, call, started)
+    return [results[ref] for ref in refs]
+
+
+def fetch(ref: ray.ObjectRef, component: str, call: str, started: float) -> Any:
+    elapsed = time.monotonic() - started
+    try:
+        return ray.get(ref, timeout=0)
+    except RayActorError as error:
+        raise RemoteCallError(f"{component} died during {call} after {elapsed:.1f}s: {error}") from None
+    except RayTaskError as error:
+        cause = error.cause if isinstance(error.cause, BaseException) else error
+        raise RemoteCallError(f"{component} failed in {call} after {elapsed:.1f}s: "
+                              f"{type(cause).__name__}: {cause}") from error
+    except GetTimeoutError:  # ray.wait said ready; a get that still times out is an internal Ray state
+        raise RemoteTimeoutError(f"{component}: {call} result was not retrievable after {elapsed:.1f}s") from None

@@ -1,0 +1,78 @@
+"""Forward passes over a (micro-)batch: per-response-token log-probs, entropies and values.
+
+The token at input position p is predicted by the hidden state at p - 1, so response column j of row i
+is read at position `prompt_lengths[i] + j - 1`. Log-probs use `log_softmax(logits / temperature)`, the
+very distribution the engine samples from and reports.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from asyncrl.algos import entropy_from_logits
+from asyncrl.models import CausalLM, ValueModel
+from asyncrl.train.batch import TrainBatch
+from asyncrl.train.micro_batches import micro_batches, scatter_rows
+
+
+def dense_positions(input_ids: Tensor) -> Tensor:
+    """(B, T) positions 0..T-1 of left-aligned rows."""
+    return torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+
+
+def predictor_positions(batch: TrainBatch) -> Tensor:
+    """(B, R) position whose hidden state predicts each response token."""
+    return batch.response_positions() - 1
+
+
+def response_log_probs(model: CausalLM, batch: TrainBatch, temperature: float,
+                       with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
+    """log-probs (B, R) of the response tokens (0 in padding columns) and, if asked, entropies (B, R)."""
+    hidden = model(batch.input_ids, dense_positions(batch.input_ids))  # (B, T, H)
+    index = predictor_positions(batch)  # (B, R)
+    hidden = torch.gather(hidden, 1, index[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (B, R, H)
+    logits = model.compute_logits(hidden)  # (B, R, V) fp32
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
+    token_log_probs = torch.gather(log_probs, 2, batch.response_ids()[:, :, None]).squeeze(-1)  # (B, R)
+    valid = batch.response_mask > 0
+    token_log_probs = torch.where(valid, token_log_probs, torch.zeros_like(token_log_probs))
+    entropy = None
+    if with_entropy:
+        entropy = torch.where(valid, entropy_from_logits(logits), torch.zeros_like(token_log_probs))
+    return token_log_probs, entropy
+
+
+def response_values(model: ValueModel, batch: TrainBatch) -> Tensor:
+    """Critic values (B, R) of the state before each response token (0 in padding columns)."""
+    values = model(batch.input_ids, dense_positions(batch.input_ids))  # (B, T)
+    values = torch.gather(values, 1, predictor_positions(batch))
+    return torch.where(batch.response_mask > 0, values, torch.zeros_like(values))
+
+
+@torch.no_grad()
+def batched_log_probs(model: CausalLM, batch: TrainBatch, temperature: float, micro_batch_size: int,
+                      max_tokens: Optional[int], with_entropy: bool,
+                      device: torch.device) -> tuple[Tensor, Optional[Tensor]]:
+    """Log-probs (and entropies) (B, R) of a whole batch on the host, computed micro-batch by micro-batch."""
+    log_prob_parts, entropy_parts = [], []
+    for rows, micro in micro_batches(batch, micro_batch_size, max_tokens, device):
+        log_probs, entropy = response_log_probs(model, micro.to(device), temperature, with_entropy)
+        log_prob_parts.append((rows, log_probs))
+        if entropy is not None:
+            entropy_parts.append((rows, entropy))
+    width = batch.max_response_length
+    log_probs = scatter_rows(log_prob_parts, batch.num_rows, width)
+    return log_probs, scatter_rows(entropy_parts, batch.num_rows, width) if with_entropy else None
+
+
+@torch.no_grad()
+def batched_values(model: ValueModel, batch: TrainBatch, micro_batch_size: int, max_tokens: Optional[int],
+                   device: torch.device) -> Tensor:
+    parts = [(rows, response_values(model, micro.to(device)))
+             for rows, micro in micro_batches(batch, micro_batch_size, max_tokens, device)]
+    return scatter_rows(parts, batch.num_rows, batch.max_response_length)

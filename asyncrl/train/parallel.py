@@ -1,0 +1,91 @@
+"""Data parallelism for trainer workers: the process group, FSDP2 sharding, and gathers of full tensors.
+
+Every trainer worker calls `init_process_group` once (gloo on CPU, NCCL on GPU; a group of one process
+too, so a single worker runs the same sharded code path as many), then `shard_model` on each model.
+`iter_full_tensors` is a collective: every rank must iterate it in the same order; each step all-gathers
+one parameter, so no rank ever holds more than one full parameter beyond its shard.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+
+def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: torch.device,
+                       timeout_s: float = 600.0) -> DeviceMesh:
+    if not dist.is_initialized():
+        os.environ["MASTER_ADDR"] = master_addr
+        os.environ["MASTER_PORT"] = str(master_port)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+    return init_device_mesh(device.type, (world_size,))
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None) -> nn.Module:
+    """FSDP2: each decoder layer is its own unit (gathered just before it runs), then the root.
+
+    `param_dtype` (e.g. bf16) is the compute dtype of mixed precision; master weights and gradient
+    reduction stay fp32. None computes in the parameters' own dtype.
+    """
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else \
+        MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def full_tensor(tensor: Tensor) -> Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def iter_full_tensors(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(HF name, full detached tensor) per parameter, gathered one at a time (collective)."""
+    for name, parameter in model.named_parameters():
+        yield name, full_tensor(parameter.detach())
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum numbers over all ranks (e.g. global token and sequence counts of a mini-batch)."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def all_reduce_max(value: float, device: torch.device) -> float:
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor.item())
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def local_shard(parameter: Tensor) -> Tensor:
+    """The rank-local part of a (possibly FSDP-sharded) parameter."""
+    return parameter.to_local() if isinstance(parameter, DTensor) else parameter
+
+
+def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
+    """Global gradient norm before clipping (clips only when max_norm > 0)."""
+    parameters = [p for p in model.parameters() if p.grad is not None]
+    limit = max_norm if max_norm > 0 else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(parameters, limit)
+    return float(full_tensor(norm))

@@ -1,0 +1,153 @@
+"""One trainer rank: the policy, and when the config asks for them the reference policy and the critic.
+
+A `TrainerWorker` lives in one process per device (a Ray actor in a run; plain objects in unit tests).
+All ranks of a run receive the same calls with their own shard of the batch.
+
+    worker = TrainerWorker(config, rank=0, world_size=1, master_addr="127.0.0.1", master_port=29500,
+                           total_training_steps=100)
+    log_probs, entropy = worker.compute_log_prob(batch)
+    metrics = worker.update_actor(batch, PolicyUpdateSpec.from_config(config, batch.num_rows, step))
+    worker.save_checkpoint("ckpt/step_3"); worker.load_checkpoint("ckpt/step_3")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from asyncrl.config import AsyncRLConfig, needs_critic, needs_reference
+from asyncrl.models import CausalLM, load_model, load_named_tensors, read_config, save_model
+from asyncrl.train.actor import PolicyTrainer
+from asyncrl.train.batch import TrainBatch
+from asyncrl.train.checkpoint import Component, load_trainer_state, save_trainer_state
+from asyncrl.train.critic import CriticTrainer
+from asyncrl.train.forward import batched_log_probs
+from asyncrl.train.optim import build_optimizer, build_scheduler
+from asyncrl.train.parallel import init_process_group, rank, shard_model
+from asyncrl.train.update_spec import CriticUpdateSpec, PolicyUpdateSpec
+
+
+def resolve_device(setting: str) -> torch.device:
+    if setting == "cuda" or (setting == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("trainer.device=cuda but this process sees no CUDA device")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def compute_dtype(setting: str, device: torch.device) -> Optional[torch.dtype]:
+    """Mixed-precision compute dtype (None = the fp32 parameters' own)."""
+    if setting == "bfloat16" or (setting == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+class TrainerWorker:
+    def __init__(self, config: AsyncRLConfig, rank: int, world_size: int, master_addr: str, master_port: int,
+                 total_training_steps: int):
+        self.config = config
+        self.device = resolve_device(config.trainer.device)
+        self.param_dtype = compute_dtype(config.model.dtype, self.device)
+        torch.manual_seed(config.trainer.seed)
+        self.mesh = init_process_group(rank, world_size, master_addr, master_port, self.device)
+        self.actor = self.build_actor(total_training_steps)
+        self.reference: Optional[CausalLM] = self.build_reference() if needs_reference(config) else None
+        self.critic: Optional[CriticTrainer] = self.build_critic(total_training_steps) if needs_critic(config) \
+            else None
+
+    def build_actor(self, total_steps: int) -> PolicyTrainer:
+        model = self.load(self.config.model.path, "causal_lm")
+        optimizer = build_optimizer(model, self.config.actor.optim)
+        return PolicyTrainer(model, optimizer, build_scheduler(optimizer, self.config.actor.optim, total_steps),
+                             self.device)
+
+    def build_reference(self) -> CausalLM:
+        model = self.load(self.config.model.path, "causal_lm")
+        model.requires_grad_(False)
+        return model.eval()
+
+    def build_critic(self, total_steps: int) -> CriticTrainer:
+        model = self.load(self.config.critic.model_path or self.config.model.path, "value")
+        optimizer = build_optimizer(model, self.config.critic.optim)
+        return CriticTrainer(model, optimizer, build_scheduler(optimizer, self.config.critic.optim, total_steps),
+                             self.device)
+
+    def load(self, folder: str, kind: str) -> torch.nn.Module:
+        # Master weights stay fp32; FSDP's mixed-precision policy casts them to the compute dtype.
+        model = load_model(folder, dtype=torch.float32, device=self.device, kind=kind)
+        model.set_gradient_checkpointing(self.config.model.gradient_checkpointing)
+        return shard_model(model, self.mesh, self.param_dtype)
+
+    # ---- stages ---------------------------------------------------------------------------------------
+    def compute_log_prob(self, batch: TrainBatch) -> tuple[Tensor, Tensor]:
+        actor = self.config.actor
+        max_tokens = actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None
+        return self.actor.compute_log_prob(batch, self.config.rollout.temperature,
+                                           actor.log_prob_micro_batch_size_per_gpu, max_tokens, with_entropy=True)
+
+    def compute_ref_log_prob(self, batch: TrainBatch) -> Tensor:
+        if self.reference is None:
+            raise RuntimeError("compute_ref_log_prob: no reference policy (neither algorithm.use_kl_in_reward "
+                               "nor actor.use_kl_loss is set)")
+        actor = self.config.actor
+        max_tokens = actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None
+        log_probs, _ = batched_log_probs(self.reference, batch, self.config.rollout.temperature,
+                                         self.config.ref.log_prob_micro_batch_size_per_gpu, max_tokens,
+                                         with_entropy=False, device=self.device)
+        return log_probs
+
+    def compute_values(self, batch: TrainBatch) -> Tensor:
+        critic = self.require_critic("compute_values")
+        max_tokens = self.config.actor.ppo_max_token_len_per_gpu if self.config.actor.use_dynamic_bsz else None
+        return critic.compute_values(batch, self.config.critic.ppo_micro_batch_size_per_gpu, max_tokens)
+
+    def update_actor(self, batch: TrainBatch, spec: PolicyUpdateSpec) -> dict[str, float]:
+        return self.actor.update(batch, spec)
+
+    def update_critic(self, batch: TrainBatch, spec: CriticUpdateSpec) -> dict[str, float]:
+        return self.require_critic("update_critic").update(batch, spec)
+
+    def require_critic(self, stage: str) -> CriticTrainer:
+        if self.critic is None:
+            raise RuntimeError(f"{stage}: this run has no critic (critic.enable / algorithm.adv_estimator=gae)")
+        return self.critic
+
+    # ---- weights --------------------------------------------------------------------------------------
+    def iter_policy_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """Full policy tensors one at a time, HF names; every rank must iterate (collective)."""
+        return self.actor.iter_full_tensors()
+
+    def policy_state_numpy(self) -> dict[str, Any]:
+        """Full policy weights as numpy (rank 0's view; tests compare them bitwise with engines)."""
+        # A copy: numpy views would pin FSDP's parameter storage, which it frees and regrows.
+        return {name: tensor.to("cpu", torch.float32, copy=True).numpy() for name, tensor in self.iter_policy_tensors()}
+
+    def export_policy(self, folder: str | Path) -> None:
+        """Write the policy as an HF folder (rank 0 writes; every rank must call: it gathers)."""
+        tensors = {name: tensor.cpu() for name, tensor in self.iter_policy_tensors()}
+        if rank() != 0:
+            return
+        config, _ = read_config(self.config.model.path)
+        with torch.device("meta"):
+            model = CausalLM(config)
+        model.to_empty(device="cpu")
+        model.tie_weights()
+        load_named_tensors(model, tensors.items())
+        save_model(model, folder, tokenizer_folder=self.config.model.tokenizer_path or self.config.model.path)
+
+    # ---- checkpoints ----------------------------------------------------------------------------------
+    def components(self) -> dict[str, Component]:
+        components: dict[str, Component] = {"actor": (self.actor.model, self.actor.optimizer, self.actor.scheduler)}
+        if self.critic is not None:
+            components["critic"] = (self.critic.model, self.critic.optimizer, self.critic.scheduler)
+        return components
+
+    def save_checkpoint(self, folder: str | Path) -> None:
+        save_trainer_state(folder, self.components(), extra={"actor_skipped": self.actor.num_skipped_steps})
+
+    def load_checkpoint(self, folder: str | Path) -> None:
+        extra = load_trainer_state(folder, self.components())
+        self.actor.num_skipped_steps = extra["actor_skipped"]
