@@ -1,0 +1,104 @@
+"""The paged `AttentionBackend` of one engine step.
+
+`PagedAttention.attend` first writes the step's new keys/values into the KV cache, then attends:
+- CPU (and any device without Triton): `torch_paged_attention` gathers each row's cached context through
+  its block table and runs masked SDPA; exact in fp32, handles cached context of any length.
+- CUDA prefill: every prefill row starts at position 0 (preemption recomputes, sharing happens inside
+  one prefill), so attention needs only the new tokens: `dense_prefill_attention` pads them into
+  (R, T_max) rows and runs causal SDPA (flash attention in bf16).
+- CUDA decode: the Triton kernel of `triton_kernels.paged_decode_attention` reads KV blocks through the
+  block table without materialising padded KV.
+
+A "row" is one computed token sequence: in a prefill the leader of a group, in a decode one sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from asyncrl.engine.kv_cache import KVCache
+from asyncrl.models.attention import causal_attention
+
+# query (S, Hq, D), key_cache, value_cache (num_blocks + 1, block_size, Hkv, D), block_tables (S, W) int32,
+# context_lens (S,) int32, num_splits -> (S, Hq, D)
+DecodeKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int], Tensor]
+
+
+@dataclass
+class AttentionMetadata:
+    """Where the step's tokens go in the cache and what each row attends to. R rows, N new tokens."""
+
+    write_slots: Tensor  # (W,) int64 flat slots (block * block_size + offset) receiving new key/value rows
+    write_rows: Tensor | None  # (W,) int64 rows of the new key/value to store; None = rows 0 .. W - 1
+    block_tables: Tensor  # (R, max_blocks) int32 physical block ids, padded with the sink block
+    context_lens: Tensor  # (R,) int32 cached tokens per row after this step's write (attended length)
+    query_token_mask: Tensor  # (R, T_max) bool: True where row r has its t-th new token (rows in token order)
+    max_context_len: int
+    is_decode: bool  # every row has exactly one new token, the last of its context
+    num_splits: int = 1  # context splits of the decode kernel (a static choice per CUDA-graph bucket)
+
+
+class PagedAttention:
+    """`AttentionBackend` over a `KVCache` for one step; `decode_kernel` None selects the torch path."""
+
+    def __init__(self, kv_cache: KVCache, metadata: AttentionMetadata, decode_kernel: DecodeKernel | None) -> None:
+        self.kv_cache = kv_cache
+        self.metadata = metadata
+        self.decode_kernel = decode_kernel
+
+    def attend(self, layer_index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        metadata = self.metadata
+        self.kv_cache.write(layer_index, key, value, metadata.write_rows, metadata.write_slots)
+        key_cache, value_cache = self.kv_cache.layer(layer_index)
+        if self.decode_kernel is None:
+            return torch_paged_attention(query, key_cache, value_cache, metadata)
+        if metadata.is_decode:
+            return self.decode_kernel(query, key_cache, value_cache, metadata.block_tables, metadata.context_lens,
+                                      metadata.num_splits)
+        return dense_prefill_attention(query, key, value, metadata.query_token_mask)
+
+
+def torch_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, metadata: AttentionMetadata) -> Tensor:
+    """Reference paged attention: query (N, Hq, D) of the new tokens -> (N, Hq, D).
+
+    Each row's context (its first `context_lens[r]` cached positions) is gathered block by block; the new
+    tokens of a row are its last positions, so query t of a row with q new tokens and context c sits at
+    position c - q + t and sees keys 0 .. c - q + t."""
+    num_rows = metadata.block_tables.shape[0]
+    block_size = key_cache.shape[1]
+    num_blocks = -(-metadata.max_context_len // block_size)
+    tables = metadata.block_tables[:, :num_blocks].long()  # (R, B)
+    keys = key_cache[tables].flatten(1, 2)  # (R, B * block_size, Hkv, D)
+    values = value_cache[tables].flatten(1, 2)
+    token_mask = metadata.query_token_mask  # (R, T)
+    query_lens = token_mask.sum(dim=1)  # (R,)
+    max_query_len = token_mask.shape[1]
+    padded_query = query.new_zeros(num_rows, max_query_len, *query.shape[1:])  # (R, T, Hq, D)
+    padded_query[token_mask] = query
+    query_positions = (metadata.context_lens - query_lens)[:, None] + torch.arange(max_query_len, device=query.device)
+    key_positions = torch.arange(keys.shape[1], device=query.device)  # (K,)
+    mask = key_positions[None, None, :] <= query_positions[:, :, None]  # (R, T, K)
+    output = F.scaled_dot_product_attention(
+        padded_query.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+        attn_mask=mask[:, None], enable_gqa=query.shape[1] != keys.shape[2],
+    )  # (R, Hq, T, D)
+    return output.transpose(1, 2)[token_mask]
+
+
+def dense_prefill_attention(query: Tensor, key: Tensor, value: Tensor, query_token_mask: Tensor) -> Tensor:
+    """Causal attention among the new tokens of rows that all start at position 0: query (N, Hq, D),
+    key/value (N, Hkv, D) -> (N, Hq, D), computed on right-padded (R, T_max) rows."""
+    num_rows, max_query_len = query_token_mask.shape
+
+    def pad(tensor: Tensor) -> Tensor:
+        padded = tensor.new_zeros(num_rows, max_query_len, *tensor.shape[1:])
+        padded[query_token_mask] = tensor
+        return padded
+
+    # Right padding is harmless under a causal mask: no real token sees a later padded one.
+    return causal_attention(pad(query), pad(key), pad(value))[query_token_mask]

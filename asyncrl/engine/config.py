@@ -1,0 +1,79 @@
+"""Engine-local knobs: batching limits, KV-cache budget, device and dtype.
+
+    config = EngineConfig.from_rollout(run_config.rollout, device="cuda", dtype=torch.bfloat16)
+    config = EngineConfig(device="cpu", num_kv_blocks=64)      # tests: a fixed, small cache
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from asyncrl.config.schema import RolloutConfig
+
+
+@dataclass
+class EngineConfig:
+    """Limits and memory budget of one `LLMEngine`.
+
+    The KV cache takes `gpu_memory_utilization` x device memory minus weights and activations on CUDA,
+    `cpu_kv_cache_mb` on CPU; `num_kv_blocks` fixes the block count instead (tests, benchmarks).
+    `max_model_len` None means the model's `max_position_embeddings`. `dtype` None means bfloat16 on
+    CUDA and float32 on CPU.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.5
+    cpu_kv_cache_mb: int = 256
+    num_kv_blocks: int | None = None
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    device: str = "cpu"
+    dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("max_num_seqs", "max_num_batched_tokens", "block_size", "cpu_kv_cache_mb"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"engine.{key} must be a positive integer, got {value!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"engine.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
+            raise ValueError(f"engine.num_kv_blocks must be positive or None, got {self.num_kv_blocks}")
+        if self.max_model_len is not None and self.max_model_len <= 1:
+            raise ValueError(f"engine.max_model_len must be > 1 or None, got {self.max_model_len}")
+        if torch.device(self.device).type not in ("cpu", "cuda"):
+            raise ValueError(f"engine.device must be 'cpu' or 'cuda[:i]', got {self.device!r}")
+
+    @property
+    def torch_device(self) -> torch.device:
+        device = torch.device(self.device)
+        if device.type == "cuda" and device.index is None:
+            return torch.device("cuda", torch.cuda.current_device())
+        return device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.torch_device.type == "cuda"
+
+    @property
+    def model_dtype(self) -> torch.dtype:
+        if self.dtype is not None:
+            return self.dtype
+        return torch.bfloat16 if self.is_cuda else torch.float32
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        return self.is_cuda and not self.enforce_eager
+
+    @classmethod
+    def from_rollout(cls, rollout: RolloutConfig, device: str = "cpu", dtype: torch.dtype | None = None,
+                     **overrides) -> EngineConfig:
+        """The engine knobs of a run's `rollout` section; `overrides` set the remaining fields."""
+        return cls(max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
+                   block_size=rollout.block_size, gpu_memory_utilization=rollout.gpu_memory_utilization,
+                   cpu_kv_cache_mb=rollout.cpu_kv_cache_mb, enforce_eager=rollout.enforce_eager,
+                   device=device, dtype=dtype, **overrides)

@@ -1,0 +1,157 @@
+"""Runs the model on a scheduled batch: flattened inputs -> forward with paged attention -> logits at each
+sequence's last token -> sampling on the device -> one small device-to-host copy.
+
+On CUDA the model runs in bf16 (by default), decode steps replay CUDA graphs (unless `enforce_eager`),
+decode attention and sampling use the Triton kernels, and the KV cache is sized by profiling; on CPU
+everything is eager torch in fp32.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from asyncrl.engine.attention import AttentionMetadata, DecodeKernel, PagedAttention
+from asyncrl.engine.config import EngineConfig
+from asyncrl.engine.cuda_graph import DecodeGraphs, decode_num_splits
+from asyncrl.engine.kv_cache import (CUDA_GRAPH_RESERVE_BYTES, MIB, GpuMemoryPlan, KVCache, bytes_per_block,
+                                     plan_gpu_kv_cache)
+from asyncrl.engine.sampler import FusedSampleKernel, Sampler, SamplingInputs
+from asyncrl.engine.scheduler import ScheduledBatch
+from asyncrl.engine.step_inputs import StepInputs, build_step_inputs
+from asyncrl.models.transformer import CausalLM
+
+logger = logging.getLogger(__name__)
+
+
+def load_cuda_kernels() -> tuple[DecodeKernel, FusedSampleKernel]:
+    # Imported here, not at the top: triton ships with CUDA installs only.
+    from asyncrl.engine import triton_kernels
+    return triton_kernels.paged_decode_attention, triton_kernels.fused_sample
+
+
+def download(token_ids: Tensor, log_probs: Tensor) -> tuple[list[int], list[float]]:
+    """The step's only device-to-host copy: ids and log-prob bit patterns packed into one int32 tensor."""
+    packed = torch.stack([token_ids.to(torch.int32), log_probs.to(torch.float32).view(torch.int32)]).cpu().numpy()
+    return packed[0].tolist(), packed[1].view(np.float32).tolist()
+
+
+class ModelRunner:
+    """Owns the model, the KV cache, the sampler and (on CUDA) the decode graphs."""
+
+    def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int) -> None:
+        self.model = model.eval()
+        self.config = config
+        self.device = config.torch_device
+        self.max_model_len = max_model_len
+        self.block_size = config.block_size
+        decode_kernel, sample_kernel = load_cuda_kernels() if config.is_cuda else (None, None)
+        self.decode_kernel = decode_kernel
+        self.sampler = Sampler(sample_kernel)
+        self.num_processors = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                               if config.is_cuda else 1)
+        self.memory_plan: GpuMemoryPlan | None = None
+        self.kv_cache = KVCache(model.config, self._plan_num_blocks(), self.block_size, config.model_dtype,
+                                self.device)
+        self.graphs: DecodeGraphs | None = None
+        if config.use_cuda_graphs:
+            max_blocks = -(-max_model_len // self.block_size)
+            self.graphs = DecodeGraphs(self.model, self.kv_cache, decode_kernel, config.max_num_seqs, max_blocks,
+                                       self.num_processors)
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> tuple[list[int], list[float]]:
+        """Sampled token id and its log-prob for every sequence of `batch`, in order."""
+        inputs = build_step_inputs(batch, self.block_size, self.kv_cache.sink_block, self.device,
+                                   self._num_splits(batch))
+        hidden = self._forward(inputs)  # (S, hidden) at each sequence's last token
+        logits = self.model.compute_logits(hidden)  # (S, V) fp32
+        token_ids, log_probs = self.sampler(logits, inputs.sampling)
+        return download(token_ids, log_probs)
+
+    def _num_splits(self, batch: ScheduledBatch) -> int:
+        if self.graphs is not None:
+            return self.graphs.num_splits_for(batch.num_sequences)
+        return decode_num_splits(batch.num_sequences, self.kv_cache.num_kv_heads, self.num_processors)
+
+    def _forward(self, inputs: StepInputs) -> Tensor:
+        if inputs.is_decode and self.graphs is not None:
+            return self.graphs.run(inputs)
+        attention = PagedAttention(self.kv_cache, inputs.attention, self.decode_kernel)
+        hidden = self.model(inputs.input_ids, inputs.positions, attention)  # (N, hidden)
+        return hidden[inputs.last_token_indices]
+
+    def sleep(self) -> None:
+        """Frees the KV cache (and the graphs, which point into it)."""
+        if self.graphs is not None:
+            self.graphs.clear()
+        self.kv_cache.release()
+        if self.config.is_cuda:
+            torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        """Reallocates the KV cache with the same shape; graphs are recaptured on first use."""
+        self.kv_cache.allocate()
+
+    def _plan_num_blocks(self) -> int:
+        block_bytes = bytes_per_block(self.model.config, self.block_size, self.config.model_dtype)
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        if not self.config.is_cuda:
+            return self.config.cpu_kv_cache_mb * MIB // block_bytes
+        self.memory_plan = self._profile_memory()
+        logger.info("engine memory: %s", self.memory_plan.describe())
+        num_blocks = self.memory_plan.kv_cache_bytes // block_bytes
+        if num_blocks <= 0:
+            raise ValueError(
+                f"no device memory left for the KV cache ({self.memory_plan.describe()}); raise "
+                f"rollout.gpu_memory_utilization or lower rollout.max_num_batched_tokens")
+        return num_blocks
+
+    @torch.inference_mode()
+    def _profile_memory(self) -> GpuMemoryPlan:
+        """Measures the activation peak of the largest prefill plus sampling, like vLLM's profiling run."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        tensors = itertools.chain(self.model.parameters(), self.model.buffers())
+        weight_bytes = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+        allocated_before = torch.cuda.memory_allocated(self.device)
+        self._profile_step()
+        torch.cuda.synchronize(self.device)
+        activation_bytes = torch.cuda.max_memory_allocated(self.device) - allocated_before
+        torch.cuda.empty_cache()
+        free_bytes, total_bytes = torch.cuda.mem_get_info(self.device)
+        graph_reserve = CUDA_GRAPH_RESERVE_BYTES if self.config.use_cuda_graphs else 0
+        return plan_gpu_kv_cache(total_bytes, self.config.gpu_memory_utilization, weight_bytes, activation_bytes,
+                                 graph_reserve, free_bytes)
+
+    def _profile_step(self) -> None:
+        """A prefill of max_num_batched_tokens tokens (rows of up to max_model_len) that writes no KV, then
+        logits and top-k/top-p sampling for max_num_seqs rows."""
+        num_tokens = self.config.max_num_batched_tokens
+        row_length = min(self.max_model_len, num_tokens)
+        lengths = [row_length] * (num_tokens // row_length) + ([num_tokens % row_length] if num_tokens % row_length else [])
+        device, lengths_tensor = self.device, torch.tensor(lengths, device=self.device)
+        token_mask = torch.arange(max(lengths), device=device)[None, :] < lengths_tensor[:, None]
+        metadata = AttentionMetadata(
+            write_slots=torch.zeros(0, dtype=torch.int64, device=device),
+            write_rows=torch.zeros(0, dtype=torch.int64, device=device),
+            block_tables=torch.zeros((len(lengths), 1), dtype=torch.int32, device=device),
+            context_lens=lengths_tensor.to(torch.int32), query_token_mask=token_mask,
+            max_context_len=row_length, is_decode=False)
+        scratch_cache = KVCache(self.model.config, 1, self.block_size, self.config.model_dtype, device)
+        positions = torch.cat([torch.arange(length, device=device) for length in lengths])
+        input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
+        hidden = self.model(input_ids, positions, PagedAttention(scratch_cache, metadata, self.decode_kernel))
+        num_rows = min(self.config.max_num_seqs, num_tokens)
+        logits = self.model.compute_logits(hidden[:num_rows])
+        ones = torch.ones(num_rows, device=device)
+        sampling = SamplingInputs(temperatures=ones, top_k=torch.full((num_rows,), 50, device=device),
+                                  top_p=ones * 0.9, seeds=torch.zeros(num_rows, dtype=torch.int64, device=device),
+                                  positions=torch.zeros(num_rows, dtype=torch.int64, device=device),
+                                  max_top_k=50, use_top_p=True)
+        self.sampler(logits, sampling)

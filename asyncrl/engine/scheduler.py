@@ -1,0 +1,148 @@
+"""Continuous batching: which sequences run in the next step.
+
+Each step is a prefill or a decode:
+- prefill: admit waiting sequences in order while `max_num_seqs`, `max_num_batched_tokens` and free
+  blocks allow; every admitted sequence is computed from position 0 (fresh, or recomputed after a
+  preemption). Waiting sequences with exactly the same tokens (the n responses of one prompt) form a group:
+  the tokens are computed once for the first one, the leader, and the others share its full blocks.
+  The first sequence of a step is admitted even if it alone exceeds `max_num_batched_tokens`.
+- decode: one new token for every running sequence. When no block is free for a sequence's next token,
+  the most recently admitted sequence is preempted by recompute: its blocks are freed and it goes back to
+  the front of the waiting queue with its generated tokens kept.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from asyncrl.engine.block_manager import BlockManager
+from asyncrl.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work. sequences (S): one sampled token each. leader_indices (S): for a prefill, the index
+    in `sequences` of the sequence whose computed tokens this one reuses (its own index for a leader); for
+    a decode, every sequence is its own leader."""
+
+    sequences: list[Sequence]
+    leader_indices: list[int]
+    is_prefill: bool
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.sequences)
+
+
+class Scheduler:
+    """Waiting and running queues over one `BlockManager`."""
+
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 eos_token_ids: frozenset[int], max_model_len: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()  # in admission order: the last one is preempted first
+        self.num_preemptions = 0
+
+    def add(self, sequence: Sequence) -> None:
+        self.waiting.append(sequence)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch | None:
+        """The next step's batch, or None when nothing is waiting or running."""
+        batch = self._schedule_prefill()
+        if batch is None and self.running:
+            batch = self._schedule_decode()
+        return batch
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        sequences: list[Sequence] = []
+        leader_indices: list[int] = []
+        leader_by_tokens: dict[tuple[int, ...], int] = {}
+        num_batched_tokens = 0
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            sequence = self.waiting[0]
+            key = tuple(sequence.token_ids)
+            leader_index = leader_by_tokens.get(key)
+            leader = sequences[leader_index] if leader_index is not None else None
+            num_new_tokens = 0 if leader is not None else len(sequence)
+            if sequences and num_batched_tokens + num_new_tokens > self.max_num_batched_tokens:
+                break
+            if self.block_manager.num_blocks_to_allocate(sequence, leader) > self.block_manager.num_free_blocks:
+                break
+            self.block_manager.allocate(sequence, leader)
+            self.waiting.popleft()
+            sequence.status = SequenceStatus.RUNNING
+            self.running.append(sequence)
+            if leader_index is None:
+                leader_index = len(sequences)
+                leader_by_tokens[key] = leader_index
+            sequences.append(sequence)
+            leader_indices.append(leader_index)
+            num_batched_tokens += num_new_tokens
+        return ScheduledBatch(sequences, leader_indices, is_prefill=True) if sequences else None
+
+    def _schedule_decode(self) -> ScheduledBatch:
+        scheduled: list[Sequence] = []
+        while self.running:
+            sequence = self.running.popleft()
+            while not self.block_manager.can_append(sequence):
+                if not self.running:
+                    # Alone and still no room: only possible when the cache cannot hold one sequence, which
+                    # `LLMEngine.add_request` rules out; recompute it later rather than write out of bounds.
+                    self._preempt(sequence)
+                    break
+                self._preempt(self.running.pop())
+            else:
+                self.block_manager.append_slot(sequence)
+                scheduled.append(sequence)
+        self.running.extendleft(reversed(scheduled))
+        return ScheduledBatch(scheduled, list(range(len(scheduled))), is_prefill=False)
+
+    def _preempt(self, sequence: Sequence) -> None:
+        self.block_manager.free(sequence)
+        sequence.status = SequenceStatus.WAITING
+        sequence.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(sequence)
+
+    def preempt_all(self) -> None:
+        """Sends every running sequence back to waiting (the KV cache is about to be released)."""
+        while self.running:
+            self._preempt(self.running.pop())
+
+    def postprocess(self, batch: ScheduledBatch, token_ids: list[int], log_probs: list[float],
+                    version: int) -> list[Sequence]:
+        """Appends each sampled token; returns the sequences that finished (their blocks are freed)."""
+        finished = []
+        for sequence, token_id, log_prob in zip(batch.sequences, token_ids, log_probs):
+            sequence.append_token(token_id, log_prob, version)
+            reason = sequence.stop_reason(self.eos_token_ids, self.max_model_len)
+            if reason is not None:
+                self._finish(sequence, reason)
+                finished.append(sequence)
+        return finished
+
+    def _finish(self, sequence: Sequence, reason: str) -> None:
+        sequence.finish(reason)
+        self.block_manager.free(sequence)
+        self.running.remove(sequence)
+
+    def abort(self, request_ids: set[str] | None) -> list[Sequence]:
+        """Removes the matching (all when None) waiting and running sequences, finished as "abort"."""
+        aborted = []
+        for queue in (self.running, self.waiting):
+            for sequence in list(queue):
+                if request_ids is None or sequence.request_id in request_ids:
+                    queue.remove(sequence)
+                    self.block_manager.free(sequence)
+                    sequence.finish("abort")
+                    aborted.append(sequence)
+        return aborted

@@ -1,0 +1,89 @@
+"""One request inside the engine: its tokens, sampled log-probs and versions, block table and status."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+
+import numpy as np
+
+from asyncrl.engine.request import GenerationRequest, GenerationResult, SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+def derive_seed(request_id: str) -> int:
+    """A stable 63-bit seed from a request id (the same in every process and run, unlike `hash`)."""
+    digest = hashlib.blake2b(request_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class Sequence:
+    """Prompt + response tokens of one request and where their KV lives.
+
+    `token_ids` holds prompt then response. After a prefill or decode step the KV of every token but the
+    last is in the cache; the last token is the input of the next decode step. `block_table` lists the
+    physical KV blocks holding positions [i * block_size, (i + 1) * block_size).
+    """
+
+    def __init__(self, sequence_id: int, request: GenerationRequest) -> None:
+        self.sequence_id = sequence_id
+        self.request_id = request.request_id
+        self.params: SamplingParams = request.params
+        self.seed = request.params.seed if request.params.seed is not None else derive_seed(request.request_id)
+        self.num_prompt_tokens = int(request.prompt_ids.size)
+        self.token_ids: list[int] = request.prompt_ids.tolist() + request.response_ids.tolist()
+        self.response_log_probs: list[float] = request.response_log_probs.tolist()
+        self.response_versions: list[int] = request.response_versions.tolist()
+        self.block_table: list[int] = []
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+        self.num_preemptions = 0
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_response_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int, log_prob: float, version: int) -> None:
+        self.token_ids.append(token_id)
+        self.response_log_probs.append(log_prob)
+        self.response_versions.append(version)
+
+    def stop_reason(self, eos_token_ids: frozenset[int], max_model_len: int) -> str | None:
+        """"stop", "length" or None (keep going), judged on the tokens so far."""
+        if self.num_response_tokens > 0:
+            last = self.token_ids[-1]
+            if last in self.params.stop_token_ids or (last in eos_token_ids and not self.params.ignore_eos):
+                return "stop"
+        if self.num_response_tokens >= self.params.max_new_tokens or len(self.token_ids) >= max_model_len:
+            return "length"
+        return None
+
+    def finish(self, reason: str) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+
+    def to_result(self) -> GenerationResult:
+        return GenerationResult(
+            request_id=self.request_id,
+            prompt_ids=np.asarray(self.token_ids[:self.num_prompt_tokens], dtype=np.int32),
+            response_ids=np.asarray(self.token_ids[self.num_prompt_tokens:], dtype=np.int32),
+            response_log_probs=np.asarray(self.response_log_probs, dtype=np.float32),
+            response_versions=np.asarray(self.response_versions, dtype=np.int32),
+            finish_reason=self.finish_reason if self.finish_reason is not None else "abort",
+        )

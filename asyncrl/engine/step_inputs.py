@@ -1,0 +1,146 @@
+"""Flattened model inputs of one step, built on the host and uploaded in a single copy.
+
+A prefill computes each group leader's tokens once (rows = leaders); a follower reuses the leader's last
+hidden state for its first sample and receives the prompt's tail KV in its private last block through
+extra (row, slot) writes. A decode computes one token per sequence (rows = sequences).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from asyncrl.engine.attention import AttentionMetadata
+from asyncrl.engine.sampler import SamplingInputs
+from asyncrl.engine.scheduler import ScheduledBatch
+from asyncrl.engine.sequence import Sequence
+
+
+@dataclass
+class StepInputs:
+    """N computed tokens in R rows, S sampled sequences."""
+
+    input_ids: Tensor  # (N,) int64
+    positions: Tensor  # (N,) int64
+    attention: AttentionMetadata
+    last_token_indices: Tensor  # (S,) int64 token whose hidden state samples each sequence's next token
+    sampling: SamplingInputs
+    is_decode: bool
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.last_token_indices.shape[0])
+
+
+def _slots(block_table: list[int], positions: np.ndarray, block_size: int) -> np.ndarray:
+    table = np.asarray(block_table, dtype=np.int64)
+    return table[positions // block_size] * block_size + positions % block_size
+
+
+def _block_tables(sequences: list[Sequence], sink_block: int) -> np.ndarray:
+    """(R, max blocks) int64, padded with the sink block."""
+    width = max(len(sequence.block_table) for sequence in sequences)
+    return np.asarray([s.block_table + [sink_block] * (width - len(s.block_table)) for s in sequences],
+                      dtype=np.int64)
+
+
+def _upload(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, Tensor]:
+    """One host-to-device copy for all arrays (each copy costs a fixed latency): every array travels as
+    int64 (float32 as its bit pattern) and gets its dtype back on the device."""
+    flat = [(array.view(np.int32) if array.dtype == np.float32 else array).astype(np.int64).ravel()
+            for array in arrays.values()]
+    buffer = torch.from_numpy(np.concatenate(flat)).to(device)
+    tensors, offset = {}, 0
+    for (name, array), part in zip(arrays.items(), flat):
+        tensor = buffer[offset:offset + part.size].view(array.shape)
+        offset += part.size
+        if array.dtype == np.float32:
+            tensor = tensor.to(torch.int32).view(torch.float32)
+        elif array.dtype == np.int32:
+            tensor = tensor.to(torch.int32)
+        elif array.dtype == np.bool_:
+            tensor = tensor.to(torch.bool)
+        tensors[name] = tensor
+    return tensors
+
+
+def _sampling_arrays(sequences: list[Sequence]) -> dict[str, np.ndarray]:
+    return {
+        "temperatures": np.asarray([s.params.temperature for s in sequences], dtype=np.float32),
+        "top_k": np.asarray([s.params.top_k for s in sequences], dtype=np.int64),
+        "top_p": np.asarray([s.params.top_p for s in sequences], dtype=np.float32),
+        "seeds": np.asarray([s.seed for s in sequences], dtype=np.int64),
+        "sample_positions": np.asarray([s.num_response_tokens for s in sequences], dtype=np.int64),
+    }
+
+
+def _prefill_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> dict[str, np.ndarray]:
+    leader_indices = [index for index, leader in enumerate(batch.leader_indices) if leader == index]
+    leaders = [batch.sequences[index] for index in leader_indices]
+    row_of_leader = {index: row for row, index in enumerate(leader_indices)}
+    lengths = np.asarray([len(leader) for leader in leaders], dtype=np.int64)  # (R,)
+    starts = np.concatenate([[0], np.cumsum(lengths)])  # (R + 1,)
+    positions = np.concatenate([np.arange(length) for length in lengths])
+    slots = [_slots(leader.block_table, np.arange(len(leader)), block_size) for leader in leaders]
+    rows = [np.arange(starts[-1])]
+    for index, sequence in enumerate(batch.sequences):
+        row = row_of_leader[batch.leader_indices[index]]
+        tail = len(sequence) % block_size
+        if batch.leader_indices[index] != index and tail:
+            tail_positions = np.arange(len(sequence) - tail, len(sequence))
+            rows.append(starts[row] + tail_positions)
+            slots.append(_slots(sequence.block_table, tail_positions, block_size))
+    leader_rows = np.asarray([row_of_leader[leader] for leader in batch.leader_indices], dtype=np.int64)
+    return {
+        "input_ids": np.concatenate([np.asarray(leader.token_ids, dtype=np.int64) for leader in leaders]),
+        "positions": positions,
+        "write_slots": np.concatenate(slots),
+        "write_rows": np.concatenate(rows),
+        "block_tables": _block_tables(leaders, sink_block).astype(np.int32),
+        "context_lens": lengths.astype(np.int32),
+        "query_token_mask": np.arange(lengths.max())[None, :] < lengths[:, None],
+        "last_token_indices": starts[leader_rows + 1] - 1,
+    }
+
+
+def _decode_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> dict[str, np.ndarray]:
+    sequences = batch.sequences
+    positions = [len(s) - 1 for s in sequences]
+    slots = [s.block_table[p // block_size] * block_size + p % block_size for s, p in zip(sequences, positions)]
+    positions = np.asarray(positions, dtype=np.int64)
+    return {
+        "input_ids": np.asarray([s.last_token_id for s in sequences], dtype=np.int64),
+        "positions": positions,
+        "write_slots": np.asarray(slots, dtype=np.int64),
+        "block_tables": _block_tables(sequences, sink_block).astype(np.int32),
+        "context_lens": (positions + 1).astype(np.int32),
+        "query_token_mask": np.ones((len(sequences), 1), dtype=np.bool_),
+        "last_token_indices": np.arange(len(sequences), dtype=np.int64),
+    }
+
+
+def build_step_inputs(batch: ScheduledBatch, block_size: int, sink_block: int, device: torch.device,
+                      num_splits: int = 1) -> StepInputs:
+    """The device inputs of `batch`; `num_splits` is the decode kernel's context split count."""
+    if batch.is_prefill:
+        arrays = _prefill_arrays(batch, block_size, sink_block)
+    else:
+        arrays = _decode_arrays(batch, block_size, sink_block)
+    max_context_len = int(arrays["context_lens"].max())
+    top_k = [s.params.top_k for s in batch.sequences]
+    use_top_p = any(s.params.top_p < 1.0 for s in batch.sequences)
+    tensors = _upload({**arrays, **_sampling_arrays(batch.sequences)}, device)
+    attention = AttentionMetadata(
+        write_slots=tensors["write_slots"], write_rows=tensors["write_rows"] if batch.is_prefill else None,
+        block_tables=tensors["block_tables"], context_lens=tensors["context_lens"],
+        query_token_mask=tensors["query_token_mask"], max_context_len=max_context_len,
+        is_decode=not batch.is_prefill, num_splits=num_splits)
+    sampling = SamplingInputs(
+        temperatures=tensors["temperatures"], top_k=tensors["top_k"], top_p=tensors["top_p"],
+        seeds=tensors["seeds"], positions=tensors["sample_positions"], max_top_k=max(max(top_k), 0),
+        use_top_p=use_top_p)
+    return StepInputs(tensors["input_ids"], tensors["positions"], attention, tensors["last_token_indices"],
+                      sampling, is_decode=not batch.is_prefill)

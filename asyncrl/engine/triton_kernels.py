@@ -1,0 +1,221 @@
+"""Triton kernels of the CUDA path: paged decode attention and the fused Gumbel-max sampler.
+
+Imported only when the engine runs on CUDA (CPU-only installs may lack triton). Both kernels run under
+Triton's interpreter on CPU (`TRITON_INTERPRET=1`), which is how `tests/engine/test_triton_kernels.py`
+checks them against the torch paths without a GPU.
+
+Paged decode: one program per (sequence, kv head, context split). It loads the GQA group's query heads
+(padded to 16 rows for `tl.dot`), walks its share of the context in tiles of `TILE` positions, gathers
+each tile's keys/values through the block table, and keeps an online softmax in fp32. With one split it
+writes the normalised output; with several, a second kernel merges the splits' (max, sum, accumulator).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+MIN_DOT_SIZE = 16  # tl.dot needs every dimension >= 16
+NEGATIVE_LARGE = tl.constexpr(-1.0e30)  # a finite -inf: exp(NEGATIVE_LARGE - m) is 0 without inf - inf = NaN
+
+
+@triton.jit
+def _paged_decode_kernel(
+    query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, context_lens_ptr,
+    output_ptr, partial_output_ptr, partial_max_ptr, partial_sum_ptr,
+    scale, stride_query_sequence, stride_query_head,
+    stride_cache_block, stride_cache_token, stride_cache_head,
+    stride_table_sequence, stride_output_sequence, stride_output_head,
+    NUM_HEADS: tl.constexpr, GROUP_SIZE: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    sequence = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context_len = tl.load(context_lens_ptr + sequence)
+    tiles_per_split = tl.cdiv(tl.cdiv(context_len, TILE), NUM_SPLITS)
+    start = split * tiles_per_split * TILE
+    end = tl.minimum(start + tiles_per_split * TILE, context_len)
+
+    group = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, HEAD_PAD)
+    heads = kv_head * GROUP_SIZE + group
+    head_mask = group < GROUP_SIZE
+    dim_mask = dims < HEAD_DIM
+    query_offsets = sequence * stride_query_sequence + heads[:, None] * stride_query_head + dims[None, :]
+    query = tl.load(query_ptr + query_offsets, mask=head_mask[:, None] & dim_mask[None, :], other=0.0)  # (G, D)
+
+    running_max = tl.full([GROUP_PAD], NEGATIVE_LARGE, tl.float32)
+    running_sum = tl.zeros([GROUP_PAD], tl.float32)
+    accumulator = tl.zeros([GROUP_PAD, HEAD_PAD], tl.float32)
+    tile_offsets = tl.arange(0, TILE)
+    for tile_start in range(start, end, TILE):
+        positions = tile_start + tile_offsets
+        position_mask = positions < end
+        block_ids = tl.load(block_tables_ptr + sequence * stride_table_sequence + positions // BLOCK_SIZE,
+                            mask=position_mask, other=0).to(tl.int64)
+        token_offsets = (block_ids * stride_cache_block + (positions % BLOCK_SIZE) * stride_cache_token
+                         + kv_head * stride_cache_head)
+        kv_offsets = token_offsets[:, None] + dims[None, :]
+        kv_mask = position_mask[:, None] & dim_mask[None, :]
+        key = tl.load(key_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (TILE, D)
+        scores = tl.dot(query, tl.trans(key), input_precision=DOT_PRECISION) * scale  # (G, TILE) fp32
+        scores = tl.where(position_mask[None, :], scores, NEGATIVE_LARGE)
+        new_max = tl.maximum(running_max, tl.max(scores, 1))
+        correction = tl.exp(running_max - new_max)
+        probs = tl.exp(scores - new_max[:, None])
+        running_sum = running_sum * correction + tl.sum(probs, 1)
+        value = tl.load(value_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (TILE, D)
+        accumulator = accumulator * correction[:, None] + tl.dot(probs.to(value.dtype), value,
+                                                                 input_precision=DOT_PRECISION)
+        running_max = new_max
+
+    row_mask = head_mask[:, None] & dim_mask[None, :]
+    if NUM_SPLITS == 1:
+        output = accumulator / running_sum[:, None]
+        output_offsets = sequence * stride_output_sequence + heads[:, None] * stride_output_head + dims[None, :]
+        tl.store(output_ptr + output_offsets, output.to(output_ptr.dtype.element_ty), mask=row_mask)
+    else:
+        partial_index = (sequence * NUM_HEADS + heads) * NUM_SPLITS + split  # (G,)
+        tl.store(partial_max_ptr + partial_index, running_max, mask=head_mask)
+        tl.store(partial_sum_ptr + partial_index, running_sum, mask=head_mask)
+        tl.store(partial_output_ptr + partial_index[:, None] * HEAD_PAD + dims[None, :], accumulator, mask=row_mask)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    output_ptr, partial_output_ptr, partial_max_ptr, partial_sum_ptr, stride_output_sequence, stride_output_head,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    SPLIT_PAD: tl.constexpr,
+):
+    sequence = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLIT_PAD)
+    dims = tl.arange(0, HEAD_PAD)
+    split_mask = splits < NUM_SPLITS
+    index = (sequence * NUM_HEADS + head) * NUM_SPLITS + splits  # (P,)
+    split_max = tl.load(partial_max_ptr + index, mask=split_mask, other=NEGATIVE_LARGE)
+    split_sum = tl.load(partial_sum_ptr + index, mask=split_mask, other=0.0)
+    partial = tl.load(partial_output_ptr + index[:, None] * HEAD_PAD + dims[None, :], mask=split_mask[:, None],
+                      other=0.0)  # (P, D)
+    weights = tl.exp(split_max - tl.max(split_max, 0))  # empty splits: exp(-1e30 - m) = 0
+    output = tl.sum(weights[:, None] * partial, 0) / tl.sum(weights * split_sum, 0)
+    output_offsets = sequence * stride_output_sequence + head * stride_output_head + dims
+    tl.store(output_ptr + output_offsets, output.to(output_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+
+
+def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+                           context_lens: Tensor, num_splits: int = 1, tile: int = 64) -> Tensor:
+    """query (S, Hq, D) of each sequence's newest token; key/value caches (num_blocks, block_size, Hkv, D);
+    block_tables (S, W) int32; context_lens (S,) int32 (>= 1) -> (S, Hq, D) in the query's dtype.
+    `num_splits` divides each context among that many programs (more parallelism for small batches)."""
+    num_sequences, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    if key_cache.stride(3) != 1 or query.stride(2) != 1:
+        raise ValueError("paged_decode_attention needs the head dimension contiguous")
+    group_size = num_heads // num_kv_heads
+    head_pad = max(MIN_DOT_SIZE, triton.next_power_of_2(head_dim))
+    output = torch.empty_like(query)
+    partial_output = partial_max = partial_sum = output  # unused placeholders when there is one split
+    if num_splits > 1:
+        partial_max = torch.empty((num_sequences, num_heads, num_splits), dtype=torch.float32, device=query.device)
+        partial_sum = torch.empty_like(partial_max)
+        partial_output = torch.empty((*partial_max.shape, head_pad), dtype=torch.float32, device=query.device)
+    _paged_decode_kernel[(num_sequences, num_kv_heads, num_splits)](
+        query, key_cache, value_cache, block_tables, context_lens,
+        output, partial_output, partial_max, partial_sum,
+        head_dim**-0.5, query.stride(0), query.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        block_tables.stride(0), output.stride(0), output.stride(1),
+        NUM_HEADS=num_heads, GROUP_SIZE=group_size,
+        GROUP_PAD=max(MIN_DOT_SIZE, triton.next_power_of_2(group_size)),
+        HEAD_DIM=head_dim, HEAD_PAD=head_pad, BLOCK_SIZE=block_size, TILE=max(MIN_DOT_SIZE, tile),
+        NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(num_sequences, num_heads)](
+            output, partial_output, partial_max, partial_sum, output.stride(0), output.stride(1),
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, HEAD_PAD=head_pad, NUM_SPLITS=num_splits,
+            SPLIT_PAD=triton.next_power_of_2(num_splits),
+        )
+    return output
+
+
+@triton.jit
+def _multiply_32(values, low_constant, high_constant):
+    """values * (high_constant * 2**16 + low_constant) mod 2**32, as `sampler.multiply_32`."""
+    low = values * low_constant
+    high = ((values * high_constant) & 0xFFFF) << 16
+    return (low + high) & 0xFFFFFFFF
+
+
+@triton.jit
+def _mix_32(values):
+    """murmur3's fmix32, as `sampler.mix_32` (0x85EBCA6B and 0xC2B2AE35 split in 16-bit halves)."""
+    values = values ^ (values >> 16)
+    values = _multiply_32(values, 0xCA6B, 0x85EB)
+    values = values ^ (values >> 13)
+    values = _multiply_32(values, 0xAE35, 0xC2B2)
+    return values ^ (values >> 16)
+
+
+@triton.jit
+def _gumbel_sample_kernel(
+    logits_ptr, temperatures_ptr, thresholds_ptr, keys_ptr, token_ids_ptr, log_probs_ptr,
+    vocab_size, stride_logits, BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0)
+    temperature = tl.load(temperatures_ptr + row)
+    is_greedy = temperature == 0.0
+    divisor = tl.where(is_greedy, 1.0, temperature)
+    noise_scale = tl.where(is_greedy, 0.0, 1.0)
+    threshold = tl.load(thresholds_ptr + row)
+    key = tl.load(keys_ptr + row).to(tl.int64)
+    offsets = tl.arange(0, BLOCK_V)
+    running_max = tl.full([], NEGATIVE_LARGE, tl.float32)
+    running_sum = tl.zeros([], tl.float32)
+    best_score = tl.full([], float("-inf"), tl.float32)
+    best_scaled = tl.zeros([], tl.float32)
+    best_index = tl.zeros([], tl.int64)
+    for start in range(0, vocab_size, BLOCK_V):
+        vocab_ids = start + offsets
+        vocab_mask = vocab_ids < vocab_size
+        logits = tl.load(logits_ptr + row * stride_logits + vocab_ids, mask=vocab_mask, other=float("-inf"))
+        scaled = logits / divisor
+        # Online logsumexp of the scaled logits (the log-prob normaliser over the full vocabulary).
+        new_max = tl.maximum(running_max, tl.max(scaled, 0))
+        running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(scaled - new_max), 0)
+        running_max = new_max
+        bits = _mix_32((key + _multiply_32(vocab_ids.to(tl.int64), 0x79B9, 0x9E37)) & 0xFFFFFFFF)
+        uniform = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
+        gumbel = -tl.log(-tl.log(uniform))
+        scores = tl.where(vocab_mask & (scaled >= threshold), scaled + gumbel * noise_scale, float("-inf"))
+        tile_best = tl.max(scores, 0)
+        tile_index = tl.argmax(scores, 0)
+        tile_scaled = tl.sum(tl.where(offsets == tile_index, scaled, 0.0), 0)
+        is_better = tile_best > best_score  # strict: the first maximum wins, as torch.argmax
+        best_score = tl.where(is_better, tile_best, best_score)
+        best_scaled = tl.where(is_better, tile_scaled, best_scaled)
+        best_index = tl.where(is_better, (start + tile_index).to(tl.int64), best_index)
+    tl.store(token_ids_ptr + row, best_index)
+    tl.store(log_probs_ptr + row, best_scaled - (running_max + tl.log(running_sum)))
+
+
+def fused_sample(logits: Tensor, temperatures: Tensor, thresholds: Tensor, keys: Tensor,
+                 block_vocab: int = 2048) -> tuple[Tensor, Tensor]:
+    """The Triton twin of `sampler.sample_reference` in one pass over the logits: logits (S, V) fp32,
+    temperatures (S,) (0 = greedy), thresholds (S,), keys (S,) int64 -> token ids (S,) int64, log-probs (S,)."""
+    num_rows, vocab_size = logits.shape
+    if logits.stride(1) != 1:
+        raise ValueError("fused_sample needs logits contiguous along the vocabulary")
+    token_ids = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    log_probs = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
+    _gumbel_sample_kernel[(num_rows,)](
+        logits, temperatures.to(torch.float32).contiguous(), thresholds.to(torch.float32).contiguous(),
+        keys.contiguous(), token_ids, log_probs, vocab_size, logits.stride(0),
+        BLOCK_V=min(block_vocab, triton.next_power_of_2(vocab_size)),
+    )
+    return token_ids, log_probs
