@@ -72,19 +72,29 @@ class DecodeGraphs:
     def _load(self, inputs: StepInputs, bucket: int) -> None:
         num_sequences = inputs.num_sequences
         metadata = inputs.attention
-        sink = self.kv_cache.sink_block
         self.input_ids[:num_sequences].copy_(inputs.input_ids)
         self.positions[:num_sequences].copy_(inputs.positions)
         self.write_slots[:num_sequences].copy_(metadata.write_slots)
         self.block_tables[:num_sequences, :metadata.block_tables.shape[1]].copy_(metadata.block_tables)
         self.context_lens[:num_sequences].copy_(metadata.context_lens)
         if bucket > num_sequences:
-            # Padding rows: token 0 at position 0, one cached token in the sink block.
-            self.input_ids[num_sequences:bucket].zero_()
-            self.positions[num_sequences:bucket].zero_()
-            self.write_slots[num_sequences:bucket].fill_(sink * self.kv_cache.block_size)
-            self.block_tables[num_sequences:bucket, 0].fill_(sink)
-            self.context_lens[num_sequences:bucket].fill_(1)
+            self._pad(num_sequences, bucket)
+
+    def _pad(self, start: int, stop: int) -> None:
+        """Padding rows: token 0 at position 0, writing and reading one token in the sink block."""
+        sink = self.kv_cache.sink_block
+        self.input_ids[start:stop].zero_()
+        self.positions[start:stop].zero_()
+        self.write_slots[start:stop].fill_(sink * self.kv_cache.block_size)
+        self.block_tables[start:stop, 0].fill_(sink)
+        self.context_lens[start:stop].fill_(1)
+
+    def capture_all(self) -> None:
+        """Captures every bucket now (largest first, so smaller ones reuse its pool) on padding rows only."""
+        for bucket in reversed(self.buckets):
+            if bucket not in self.graphs:
+                self._pad(0, bucket)
+                self._capture(bucket)
 
     def _capture(self, bucket: int) -> None:
         metadata = AttentionMetadata(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +24,22 @@ from asyncrl.engine.block_manager import BlockManager, num_blocks_for
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.model_runner import ModelRunner
 from asyncrl.engine.request import GenerationRequest, GenerationResult
-from asyncrl.engine.scheduler import Scheduler
+from asyncrl.engine.scheduler import ScheduledBatch, Scheduler
 from asyncrl.engine.sequence import Sequence
 from asyncrl.models.checkpoint_io import load_model, load_named_tensors
 from asyncrl.models.transformer import CausalLM
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """What the last step computed, for benchmarks and metrics."""
+
+    is_prefill: bool
+    num_sequences: int  # tokens sampled
+    num_computed_tokens: int  # tokens run through the model (shared prompts count once)
+    num_context_tokens: int  # KV positions attended, summed over rows: the KV a decode step reads
 
 
 class LLMEngine:
@@ -55,6 +66,7 @@ class LLMEngine:
         self._sequences: dict[str, Sequence] = {}  # in flight, by request id
         self._finished_at_admission: list[Sequence] = []
         self._is_sleeping = False
+        self.last_step: StepSummary | None = None
         logger.info("KV cache: %d blocks x %d tokens = %d tokens (%s, %s); max_model_len %d",
                     self.num_kv_blocks, self.config.block_size, self.kv_capacity_tokens, self.config.model_dtype,
                     self.runner.device, self.max_model_len)
@@ -115,9 +127,14 @@ class LLMEngine:
         finished, self._finished_at_admission = self._finished_at_admission, []
         batch = self.scheduler.schedule()
         if batch is not None:
+            self.last_step = _summarise(batch)
             token_ids, log_probs = self.runner.run(batch)
             finished += self.scheduler.postprocess(batch, token_ids, log_probs, self._version)
         return [self._sequences.pop(sequence.request_id).to_result() for sequence in finished]
+
+    def warm_up(self) -> None:
+        """Captures the CUDA graphs of every decode bucket now rather than on first use."""
+        self.runner.warm_up()
 
     def abort(self, request_ids: Iterable[str] | None = None) -> list[GenerationResult]:
         """Stops the given (all when None) in-flight requests; returns what each generated so far, with
@@ -162,6 +179,13 @@ class LLMEngine:
         while self.has_unfinished():
             results.update((result.request_id, result) for result in self.step())
         return [results[request_id] for request_id in request_ids]
+
+
+def _summarise(batch: ScheduledBatch) -> StepSummary:
+    rows = [sequence for index, sequence in enumerate(batch.sequences) if batch.leader_indices[index] == index]
+    num_context_tokens = sum(len(sequence) for sequence in rows)
+    num_computed = num_context_tokens if batch.is_prefill else len(rows)
+    return StepSummary(batch.is_prefill, batch.num_sequences, num_computed, num_context_tokens)
 
 
 def _check_placement(model: CausalLM, config: EngineConfig) -> None:

@@ -85,6 +85,12 @@ class ModelRunner:
         hidden = self.model(inputs.input_ids, inputs.positions, attention)  # (N, hidden)
         return hidden[inputs.last_token_indices]
 
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Captures all decode graphs now instead of on first use (no-op without CUDA graphs)."""
+        if self.graphs is not None:
+            self.graphs.capture_all()
+
     def sleep(self) -> None:
         """Frees the KV cache (and the graphs, which point into it)."""
         if self.graphs is not None:

@@ -1,0 +1,119 @@
+"""The asyncio front: submit / stream, abort + resume, pause, weight updates and sleep while in flight."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from asyncrl.engine import AsyncEngine, GenerationRequest, SamplingParams
+from asyncrl.models import iter_named_tensors
+
+from .helpers import make_engine, prompt, request
+
+
+def sampled_requests(count: int, max_new_tokens: int = 16) -> list[GenerationRequest]:
+    return [request(f"q{index}", 5 + 3 * index, offset=index, temperature=1.0, max_new_tokens=max_new_tokens,
+                    ignore_eos=True, seed=index) for index in range(count)]
+
+
+async def wait_until(condition, timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.002)
+
+
+def longest_response(engine: AsyncEngine) -> int:
+    running = engine.engine.scheduler.running
+    return max((sequence.num_response_tokens for sequence in running), default=0)
+
+
+def test_generate_and_as_completed_equal_the_sync_engine(tiny_folder):
+    expected = {result.request_id: result for result in make_engine(tiny_folder).generate(sampled_requests(4))}
+
+    async def main():
+        engine = AsyncEngine(make_engine(tiny_folder))
+        single = await engine.generate(sampled_requests(1)[0])
+        streamed = [result async for result in engine.as_completed(sampled_requests(4))]
+        await engine.close()
+        return single, streamed
+
+    single, streamed = asyncio.run(main())
+    np.testing.assert_array_equal(single.response_ids, expected["q0"].response_ids)
+    assert sorted(result.request_id for result in streamed) == sorted(expected)
+    for result in streamed:
+        np.testing.assert_array_equal(result.response_ids, expected[result.request_id].response_ids)
+
+
+def test_abort_then_resume_equals_an_uninterrupted_run(tiny_folder):
+    params = SamplingParams(temperature=1.0, max_new_tokens=40, ignore_eos=True, seed=21)
+    original = GenerationRequest("long", prompt(10), params)
+    expected = make_engine(tiny_folder).generate([original])[0]
+
+    async def main():
+        engine = AsyncEngine(make_engine(tiny_folder))
+        waiting = asyncio.create_task(engine.generate(original))
+        await wait_until(lambda: longest_response(engine) >= 5)
+        aborted = await engine.abort()
+        from_generate = await waiting
+        # Partial rollout across a weight sync: same weights, next version.
+        await engine.update_weights(iter_named_tensors(engine.engine.model), version=1)
+        resumed = await engine.generate(GenerationRequest.resume(from_generate, params))
+        await engine.close()
+        return aborted, from_generate, resumed
+
+    aborted, from_generate, resumed = asyncio.run(main())
+    assert len(aborted) == 1 and aborted[0].finish_reason == from_generate.finish_reason == "abort"
+    num_before = from_generate.num_response_tokens
+    assert 5 <= num_before < 40
+    np.testing.assert_array_equal(aborted[0].response_ids, from_generate.response_ids)
+    assert resumed.num_response_tokens == 40 and resumed.finish_reason == "length"
+    np.testing.assert_array_equal(resumed.response_ids, expected.response_ids)
+    np.testing.assert_allclose(resumed.response_log_probs, expected.response_log_probs, atol=1e-5)
+    np.testing.assert_array_equal(resumed.response_versions, [0] * num_before + [1] * (40 - num_before))
+
+
+def test_pause_stops_stepping_and_resume_finishes_identically(tiny_folder):
+    expected = {result.request_id: result for result in make_engine(tiny_folder).generate(sampled_requests(3, 60))}
+
+    async def main():
+        engine = AsyncEngine(make_engine(tiny_folder))
+        tasks = [asyncio.create_task(engine.generate(item)) for item in sampled_requests(3, 60)]
+        await wait_until(lambda: longest_response(engine) >= 3)
+        await engine.pause()
+        progress = [len(sequence) for sequence in engine.engine.scheduler.running]
+        await asyncio.sleep(0.1)
+        assert [len(sequence) for sequence in engine.engine.scheduler.running] == progress
+        assert not any(task.done() for task in tasks)
+        await engine.resume()
+        results = await asyncio.gather(*tasks)
+        await engine.close()
+        return results
+
+    for result in asyncio.run(main()):
+        np.testing.assert_array_equal(result.response_ids, expected[result.request_id].response_ids)
+        assert result.finish_reason == "length"
+
+
+def test_update_weights_and_sleep_while_requests_run(tiny_folder):
+    expected = {result.request_id: result for result in make_engine(tiny_folder).generate(sampled_requests(3, 50))}
+
+    async def main():
+        engine = AsyncEngine(make_engine(tiny_folder))
+        tasks = [asyncio.create_task(engine.generate(item)) for item in sampled_requests(3, 50)]
+        await wait_until(lambda: longest_response(engine) >= 4)
+        await engine.update_weights(iter_named_tensors(engine.engine.model), version=2)  # not paused
+        await engine.sleep()
+        assert not engine.engine.runner.kv_cache.is_allocated and not any(task.done() for task in tasks)
+        await engine.wake()
+        results = await asyncio.gather(*tasks)
+        await engine.close()
+        return results
+
+    for result in asyncio.run(main()):
+        reference = expected[result.request_id]
+        np.testing.assert_array_equal(result.response_ids, reference.response_ids)
+        versions = result.response_versions
+        assert versions[0] == 0 and versions[-1] == 2 and (np.diff(versions) >= 0).all()

@@ -1,0 +1,95 @@
+"""The CUDA path end to end (skipped without a GPU): memory planning, CUDA graphs against eager, weight
+updates under graphs, sleep / wake recapture, and agreement with the CPU fp32 engine.
+
+    python -m pytest tests/engine/test_cuda_engine.py -q
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
+from asyncrl.models import build_tiny_model, iter_named_tensors, load_model
+
+from .helpers import make_engine, prompt
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def wide_folder(tmp_path_factory):
+    """head_dim 64 and 7 query heads per kv head, the Qwen2.5-0.5B attention shape."""
+    return build_tiny_model(tmp_path_factory.mktemp("cuda") / "wide", family="qwen2", seed=5, init_std=0.1,
+                            hidden_size=448, num_heads=7, num_kv_heads=1, num_layers=3, max_position_embeddings=512)
+
+
+def requests_for(count: int, max_new_tokens: int = 40, temperature: float = 1.0) -> list[GenerationRequest]:
+    # Two groups of identical prompts exercise prefix sharing; lengths cross block boundaries.
+    return [GenerationRequest(f"c{index}", prompt(3 + 7 * (index % 5), offset=index % 3),
+                              SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, ignore_eos=True,
+                                             seed=index)) for index in range(count)]
+
+
+def cuda_engine(folder, dtype=torch.float32, **config) -> LLMEngine:
+    return LLMEngine(folder, EngineConfig(device="cuda", dtype=dtype, max_num_seqs=64,
+                                          max_num_batched_tokens=2048, gpu_memory_utilization=0.3, **config))
+
+
+def token_agreement(first, second) -> float:
+    same = [np.mean(a.response_ids == b.response_ids) for a, b in zip(first, second)]
+    return float(np.mean(same))
+
+
+def test_memory_plan_sizes_the_cache_from_the_budget(wide_folder):
+    engine = cuda_engine(wide_folder, dtype=torch.bfloat16)
+    plan = engine.runner.memory_plan
+    assert plan is not None and plan.activation_bytes > 0 and plan.weight_bytes > 0
+    assert plan.kv_cache_bytes <= plan.budget_bytes - plan.weight_bytes - plan.activation_bytes
+    assert engine.num_kv_blocks > 0 and engine.kv_capacity_tokens == engine.num_kv_blocks * 16
+
+
+@pytest.mark.parametrize("folder_name", ["tiny_folder", "wide_folder"])
+def test_cuda_fp32_matches_cpu_engine(folder_name, request):
+    folder = request.getfixturevalue(folder_name)
+    expected = make_engine(folder, block_size=16).generate(requests_for(12))
+    for enforce_eager in (True, False):
+        results = cuda_engine(folder, enforce_eager=enforce_eager).generate(requests_for(12))
+        assert token_agreement(results, expected) >= 0.95
+        first_tokens = [result.response_log_probs[0] for result in results]
+        np.testing.assert_allclose(first_tokens, [result.response_log_probs[0] for result in expected], atol=1e-3)
+
+
+def test_cuda_graphs_equal_eager_and_log_probs_equal_dense_bf16(wide_folder):
+    eager = cuda_engine(wide_folder, dtype=torch.bfloat16, enforce_eager=True).generate(requests_for(40))
+    engine = cuda_engine(wide_folder, dtype=torch.bfloat16)
+    graphed = engine.generate(requests_for(40))
+    assert engine.runner.graphs is not None and len(engine.runner.graphs.graphs) > 0
+    assert token_agreement(graphed, eager) >= 0.9
+    model = load_model(wide_folder, dtype=torch.bfloat16, device="cuda")
+    for result in graphed[:8]:
+        ids = torch.as_tensor(np.concatenate([result.prompt_ids, result.response_ids]), device="cuda")[None]
+        with torch.no_grad():
+            logits = model.compute_logits(model(ids, torch.arange(ids.shape[1], device="cuda")[None]))[0]
+        log_probs = torch.log_softmax(logits[result.prompt_ids.size - 1:-1], dim=-1)
+        expected = log_probs.gather(1, ids[0, result.prompt_ids.size:, None]).squeeze(1).cpu().numpy()
+        assert np.abs(result.response_log_probs - expected).mean() < 0.05
+
+
+def test_update_weights_keeps_graphs_valid_and_sleep_wake_recaptures(tiny_folder, tmp_path):
+    other = build_tiny_model(tmp_path / "other", family="qwen2", seed=11, init_std=0.2, max_position_embeddings=256)
+    engine = cuda_engine(tiny_folder)
+    engine.generate(requests_for(10))
+    num_graphs = len(engine.runner.graphs.graphs)
+    engine.update_weights(iter_named_tensors(load_model(other, device="cuda")), version=3)
+    assert len(engine.runner.graphs.graphs) == num_graphs
+    after_update = engine.generate(requests_for(10, temperature=0.0))
+    reference = cuda_engine(other, enforce_eager=True).generate(requests_for(10, temperature=0.0))
+    assert token_agreement(after_update, reference) >= 0.95
+    assert all((result.response_versions == 3).all() for result in after_update)
+    engine.sleep()
+    assert engine.runner.kv_cache.tensor is None and not engine.runner.graphs.graphs
+    engine.wake()
+    after_wake = engine.generate(requests_for(10, temperature=0.0))
+    assert token_agreement(after_wake, after_update) == 1.0

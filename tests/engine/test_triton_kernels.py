@@ -1,0 +1,98 @@
+"""The Triton kernels against the torch paths. Needs triton and either a GPU or the interpreter:
+
+    TRITON_INTERPRET=1 python -m pytest tests/engine/test_triton_kernels.py -q     # CPU
+    python -m pytest tests/engine/test_triton_kernels.py -q                        # on a CUDA machine
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from asyncrl.engine.attention import AttentionMetadata, torch_paged_attention
+from asyncrl.engine.sampler import row_keys, sample_reference
+
+IS_CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or not (IS_CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
+    reason="needs triton with a GPU or TRITON_INTERPRET=1")
+DEVICE = "cuda" if IS_CUDA else "cpu"
+
+
+def paged_case(context_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+               dtype: torch.dtype):
+    """Random caches with shuffled block tables: each sequence's blocks are scattered across the cache."""
+    generator = torch.Generator().manual_seed(0)
+    num_blocks = sum(-(-length // block_size) for length in context_lens) + 3
+    shape = (num_blocks + 1, block_size, num_kv_heads, head_dim)
+    key_cache = torch.randn(shape, generator=generator).to(DEVICE, dtype)
+    value_cache = torch.randn(shape, generator=generator).to(DEVICE, dtype)
+    permutation = torch.randperm(num_blocks, generator=generator).tolist()
+    width = max(-(-length // block_size) for length in context_lens)
+    tables = torch.full((len(context_lens), width), num_blocks, dtype=torch.int32)
+    for row, length in enumerate(context_lens):
+        count = -(-length // block_size)
+        tables[row, :count] = torch.tensor(permutation[:count], dtype=torch.int32)
+        permutation = permutation[count:]
+    query = torch.randn((len(context_lens), num_heads, head_dim), generator=generator).to(DEVICE, dtype)
+    return query, key_cache, value_cache, tables.to(DEVICE), torch.tensor(context_lens, dtype=torch.int32).to(DEVICE)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(4, 2, 16), (14, 2, 64), (6, 6, 48)])
+def test_paged_decode_matches_torch_paged_attention(num_splits, num_heads, num_kv_heads, head_dim):
+    from asyncrl.engine.triton_kernels import paged_decode_attention
+
+    dtype = torch.bfloat16 if IS_CUDA else torch.float32
+    context_lens = [1, 5, 16, 17, 70]
+    query, key_cache, value_cache, tables, lengths = paged_case(context_lens, num_heads, num_kv_heads, head_dim,
+                                                                4, dtype)
+    metadata = AttentionMetadata(
+        write_slots=torch.zeros(0, dtype=torch.int64), write_rows=None, block_tables=tables, context_lens=lengths,
+        query_token_mask=torch.ones((len(context_lens), 1), dtype=torch.bool, device=DEVICE),
+        max_context_len=max(context_lens), is_decode=True)
+    expected = torch_paged_attention(query.float(), key_cache.float(), value_cache.float(), metadata)
+    output = paged_decode_attention(query, key_cache, value_cache, tables, lengths, num_splits=num_splits, tile=16)
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    assert output.dtype == dtype and output.shape == query.shape
+    assert (output.float() - expected).abs().max().item() <= tolerance
+
+
+def test_fused_sample_matches_the_torch_sampler():
+    from asyncrl.engine.triton_kernels import fused_sample
+
+    generator = torch.Generator().manual_seed(1)
+    logits = (3 * torch.randn((6, 3000), generator=generator)).to(DEVICE)
+    temperatures = torch.tensor([1.0, 0.7, 0.0, 1.3, 1.0, 0.5], device=DEVICE)
+    thresholds = torch.full((6,), float("-inf"), device=DEVICE)
+    thresholds[3] = logits[3].topk(20).values[-1] / 1.3
+    keys = row_keys(torch.tensor([1, 2, 3, 4, 2**62 + 5, 6], device=DEVICE),
+                    torch.tensor([0, 5, 7, 9, 100, 3], device=DEVICE))
+    expected_ids, expected_log_probs = sample_reference(logits, temperatures, thresholds, keys)
+    token_ids, log_probs = fused_sample(logits, temperatures, thresholds, keys, block_vocab=512)
+    assert token_ids.tolist() == expected_ids.tolist()
+    assert (log_probs - expected_log_probs).abs().max().item() <= 1e-4
+    assert logits[3, token_ids[3]] / 1.3 >= thresholds[3]
+
+
+def test_engine_with_the_cuda_kernels_matches_the_torch_path(tiny_folder):
+    """The CUDA dispatch (dense prefill, Triton decode, fused sampler) run on this device, against the torch
+    path of the same engine configuration."""
+    from asyncrl.engine.sampler import Sampler
+    from asyncrl.engine.triton_kernels import fused_sample, paged_decode_attention
+
+    from .helpers import make_engine, request
+
+    requests = [request(f"k{index}", 3 + 5 * index, offset=index, temperature=[1.0, 0.0, 0.8][index],
+                        max_new_tokens=12, ignore_eos=True, seed=index) for index in range(3)]
+    expected = make_engine(tiny_folder).generate(requests)
+    engine = make_engine(tiny_folder)
+    engine.runner.decode_kernel = paged_decode_attention
+    engine.runner.sampler = Sampler(fused_sample)
+    results = engine.generate(requests)
+    for result, reference in zip(results, expected):
+        assert result.response_ids.tolist() == reference.response_ids.tolist()
+        assert abs(result.response_log_probs - reference.response_log_probs).max() <= 1e-4
