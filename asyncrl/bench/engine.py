@@ -1,0 +1,319 @@
+"""Engine throughput: our engine against `transformers.generate` on the same weights and workload.
+
+    python -m asyncrl.bench.engine --model qwen2.5-0.5b --num-requests 256 --prompt-lengths 128 \
+        --output-lengths lognormal:256:2048 --compare-transformers --output benchmarks/results/engine.json
+    result = run_engine_benchmark("qwen2.5-0.5b", num_requests=256, output_lengths="512")
+
+`--model` is an HF folder or "qwen2.5-0.5b" / "qwen2.5-1.5b": a random-weight model of that shape built
+from a config (no download). Every request has its own token budget (`max_new_tokens`, `ignore_eos`), so
+output lengths follow the chosen distribution: "256" (fixed), "64:512" (uniform), "lognormal:256:4096[:1.0]"
+(median 256, capped at 4096, sigma 1.0: a long tail like RL responses).
+
+Measured: generated tokens/s over the whole run (prefill included), decode tokens/s, peak device memory,
+and the decode memory-bandwidth roofline: each decode step must read every weight once plus the KV of every
+attended position, so roofline time = (steps x weight bytes + attended positions x KV bytes per position)
+/ bandwidth, and the achieved fraction = roofline time / measured decode time. transformers runs batched
+with left padding and max_new_tokens = the largest budget; only the tokens each request would keep count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
+from asyncrl.engine.kv_cache import bytes_per_block
+from asyncrl.models import CausalLM, TransformerConfig, iter_named_tensors, load_model
+
+H200_BANDWIDTH = 4.8e12  # bytes/s of HBM3e on an H200
+# Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate); vocabulary 151936, tied embeddings.
+QWEN2_SHAPES = {
+    "qwen2.5-0.5b": (896, 24, 14, 2, 4864),
+    "qwen2.5-1.5b": (1536, 28, 12, 2, 8960),
+}
+
+
+def qwen2_config(name: str) -> TransformerConfig:
+    """The TransformerConfig of a Qwen2.5 size in QWEN2_SHAPES."""
+    if name not in QWEN2_SHAPES:
+        raise ValueError(f"model name must be one of {sorted(QWEN2_SHAPES)} or an HF folder, got {name!r}")
+    hidden, num_layers, num_heads, num_kv_heads, intermediate = QWEN2_SHAPES[name]
+    return TransformerConfig(
+        model_type="qwen2", vocab_size=151936, hidden_size=hidden, intermediate_size=intermediate,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        head_dim=hidden // num_heads, rope_theta=1000000.0, max_position_embeddings=32768, attention_bias=True,
+        tie_word_embeddings=True, eos_token_id=151643, pad_token_id=151643)
+
+
+def random_model(config: TransformerConfig, dtype: torch.dtype, device: str, seed: int = 0) -> CausalLM:
+    """Random weights (N(0, 0.02), norms 1) initialised directly on `device`."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = CausalLM(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.fill_(1.0)
+            else:
+                parameter.normal_(0.0, 0.02)
+    return model.to(dtype).eval()
+
+
+@dataclass(frozen=True)
+class LengthDistribution:
+    """Per-request lengths: "fixed" (= low), "uniform" in [low, high], or "lognormal" with median low,
+    shape sigma, capped at high."""
+
+    kind: str
+    low: int
+    high: int
+    sigma: float = 1.0
+
+    @classmethod
+    def parse(cls, text: str | int) -> LengthDistribution:
+        parts = str(text).split(":")
+        if parts[0] == "lognormal" and len(parts) in (3, 4):
+            return cls("lognormal", int(parts[1]), int(parts[2]), float(parts[3]) if len(parts) == 4 else 1.0)
+        if len(parts) == 1 and parts[0].isdigit():
+            return cls("fixed", int(parts[0]), int(parts[0]))
+        if len(parts) == 2 and all(part.isdigit() for part in parts):
+            return cls("uniform", int(parts[0]), int(parts[1]))
+        raise ValueError(f"lengths must be 'N', 'LOW:HIGH' or 'lognormal:MEDIAN:CAP[:SIGMA]', got {text!r}")
+
+    def sample(self, count: int, generator: np.random.Generator) -> np.ndarray:
+        if self.kind == "fixed":
+            lengths = np.full(count, self.low)
+        elif self.kind == "uniform":
+            lengths = generator.integers(self.low, self.high + 1, size=count)
+        else:
+            lengths = np.minimum(np.round(generator.lognormal(np.log(self.low), self.sigma, size=count)), self.high)
+        return np.maximum(lengths, 1).astype(np.int64)
+
+
+def make_workload(num_requests: int, prompt_lengths: LengthDistribution, output_lengths: LengthDistribution,
+                  vocab_size: int, seed: int) -> list[GenerationRequest]:
+    generator = np.random.default_rng(seed)
+    prompt_sizes = prompt_lengths.sample(num_requests, generator)
+    budgets = output_lengths.sample(num_requests, generator)
+    return [GenerationRequest(f"bench-{index}", generator.integers(10, vocab_size - 10, size=int(size)),
+                              SamplingParams(temperature=1.0, max_new_tokens=int(budget), ignore_eos=True, seed=index))
+            for index, (size, budget) in enumerate(zip(prompt_sizes, budgets))]
+
+
+def _synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _peak_memory_bytes(device: str) -> int:
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.max_memory_allocated())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _reset_peak_memory(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def measure_engine(engine: LLMEngine, requests: list[GenerationRequest], device: str) -> dict:
+    """Runs the workload step by step; each step ends with its device-to-host copy, so host timing of a
+    step covers its device work."""
+    engine.warm_up()
+    _synchronize(device)
+    _reset_peak_memory(device)
+    for item in requests:
+        engine.add_request(item)
+    decode_seconds, num_decode_steps, num_decode_tokens, num_context_tokens, num_generated = 0.0, 0, 0, 0, 0
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        step_start = time.perf_counter()
+        num_generated += sum(result.num_response_tokens for result in engine.step())
+        summary = engine.last_step
+        if summary is not None and not summary.is_prefill:
+            decode_seconds += time.perf_counter() - step_start
+            num_decode_steps += 1
+            num_decode_tokens += summary.num_sequences
+            num_context_tokens += summary.num_context_tokens
+    _synchronize(device)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "generated_tokens": num_generated, "tokens_per_s": num_generated / seconds,
+            "decode_seconds": decode_seconds, "num_decode_steps": num_decode_steps,
+            "decode_tokens_per_s": num_decode_tokens / max(decode_seconds, 1e-9),
+            "mean_decode_batch": num_decode_tokens / max(num_decode_steps, 1),
+            "num_context_tokens": num_context_tokens, "num_preemptions": engine.scheduler.num_preemptions,
+            "peak_memory_bytes": _peak_memory_bytes(device), "kv_cache_tokens": engine.kv_capacity_tokens}
+
+
+def decode_roofline(model: CausalLM, dtype: torch.dtype, measured: dict, bandwidth: float) -> dict:
+    """Bytes a decode must read (weights once per step, KV of every attended position) over bandwidth."""
+    weight_bytes = sum(tensor.numel() * tensor.element_size() for _, tensor in iter_named_tensors(model))
+    kv_bytes_per_token = bytes_per_block(model.config, 1, dtype)
+    num_steps = measured["num_decode_steps"]
+    total_bytes = num_steps * weight_bytes + measured["num_context_tokens"] * kv_bytes_per_token
+    roofline_seconds = total_bytes / bandwidth
+    return {"bandwidth_bytes_per_s": bandwidth, "weight_bytes": weight_bytes,
+            "kv_bytes_per_token": kv_bytes_per_token, "bytes_per_decode_step": total_bytes / max(num_steps, 1),
+            "roofline_seconds": roofline_seconds,
+            "fraction_of_roofline": roofline_seconds / max(measured["decode_seconds"], 1e-9)}
+
+
+def transformers_model(model: CausalLM, folder: Path | None, dtype: torch.dtype, device: str):
+    """The same weights as an HF model: from the folder, or our random weights copied into a fresh one."""
+    if folder is not None:
+        return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    hf_dict = model.config.to_hf_dict(dtype=dtype)
+    hf_config = transformers.AutoConfig.for_model(hf_dict.pop("model_type"), **hf_dict)
+    with torch.device(device):
+        reference = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    missing, unexpected = reference.load_state_dict(dict(iter_named_tensors(model)), strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise ValueError(f"transformers model does not match ours: missing {missing}, unexpected {unexpected}")
+    return reference.eval()
+
+
+@torch.inference_mode()
+def measure_transformers(reference, requests: list[GenerationRequest], device: str, batch_size: int,
+                         pad_token_id: int) -> dict:
+    """Batched sampling with left padding; every row runs to the batch's largest budget, only each request's
+    own budget counts as generated."""
+    _reset_peak_memory(device)
+    seconds, num_kept = 0.0, 0
+    for start in range(0, len(requests), batch_size):
+        batch = requests[start:start + batch_size]
+        width = max(item.prompt_ids.size for item in batch)
+        input_ids = torch.full((len(batch), width), pad_token_id, dtype=torch.int64)
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.int64)
+        for row, item in enumerate(batch):
+            input_ids[row, width - item.prompt_ids.size:] = torch.as_tensor(item.prompt_ids, dtype=torch.int64)
+            attention_mask[row, width - item.prompt_ids.size:] = 1
+        max_new_tokens = max(item.params.max_new_tokens for item in batch)
+        _synchronize(device)
+        batch_start = time.perf_counter()
+        reference.generate(input_ids.to(device), attention_mask=attention_mask.to(device), do_sample=True,
+                           temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                           min_new_tokens=max_new_tokens, pad_token_id=pad_token_id)
+        _synchronize(device)
+        seconds += time.perf_counter() - batch_start
+        num_kept += sum(item.params.max_new_tokens for item in batch)
+    return {"seconds": seconds, "generated_tokens": num_kept, "tokens_per_s": num_kept / seconds,
+            "peak_memory_bytes": _peak_memory_bytes(device)}
+
+
+def run_engine_benchmark(model: str | Path | TransformerConfig = "qwen2.5-0.5b", num_requests: int = 256,
+                         prompt_lengths: str | LengthDistribution = "128",
+                         output_lengths: str | LengthDistribution = "512", dtype: torch.dtype | None = None,
+                         device: str | None = None, compare_transformers: bool = False,
+                         bandwidth: float = H200_BANDWIDTH, max_num_seqs: int = 256,
+                         max_num_batched_tokens: int = 8192, gpu_memory_utilization: float = 0.8,
+                         enforce_eager: bool = False, transformers_batch_size: int | None = None,
+                         seed: int = 0) -> dict:
+    """Runs the workload on our engine (and on transformers when asked); prints a table, returns the numbers.
+
+    `model`: an HF folder, a Qwen2.5 size name ("qwen2.5-0.5b", "qwen2.5-1.5b") or a TransformerConfig
+    (random weights). `device` defaults to CUDA when present, `dtype` to bf16 on CUDA and fp32 on CPU."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
+    prompt_lengths = prompt_lengths if isinstance(prompt_lengths, LengthDistribution) else LengthDistribution.parse(prompt_lengths)
+    output_lengths = output_lengths if isinstance(output_lengths, LengthDistribution) else LengthDistribution.parse(output_lengths)
+    folder = None
+    if isinstance(model, TransformerConfig):
+        ours, name = random_model(model, dtype, device, seed), f"random {model.model_type}"
+    elif str(model) in QWEN2_SHAPES:
+        ours, name = random_model(qwen2_config(str(model)), dtype, device, seed), f"{model} (random weights)"
+    else:
+        folder = Path(model)
+        ours, name = load_model(folder, dtype=dtype, device=device), folder.name
+    requests = make_workload(num_requests, prompt_lengths, output_lengths, ours.config.vocab_size, seed)
+    config = EngineConfig(device=device, dtype=dtype, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens,
+                          gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager)
+    engine = LLMEngine(ours, config)
+    measured = measure_engine(engine, requests, device)
+    result = {
+        "model": name, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+        "num_requests": num_requests, "prompt_lengths": prompt_lengths.__dict__,
+        "output_lengths": output_lengths.__dict__,
+        "prompt_tokens": int(sum(item.prompt_ids.size for item in requests)),
+        "engine": {**measured, "roofline": decode_roofline(ours, dtype, measured, bandwidth)},
+    }
+    if compare_transformers:
+        engine.sleep()  # give the KV cache back before transformers allocates its own
+        reference = transformers_model(ours, folder, dtype, device)
+        pad_token_id = ours.config.pad_token_id if ours.config.pad_token_id is not None else 0
+        result["transformers"] = measure_transformers(reference, requests, device,
+                                                      transformers_batch_size or num_requests, pad_token_id)
+        result["speedup_vs_transformers"] = measured["tokens_per_s"] / result["transformers"]["tokens_per_s"]
+    print_table(result)
+    return result
+
+
+def print_table(result: dict) -> None:
+    ours, theirs = result["engine"], result.get("transformers")
+    gib = 2**30
+    rows = [
+        ("generated tokens", ours["generated_tokens"], theirs and theirs["generated_tokens"]),
+        ("wall time (s)", ours["seconds"], theirs and theirs["seconds"]),
+        ("tokens/s", ours["tokens_per_s"], theirs and theirs["tokens_per_s"]),
+        ("decode tokens/s", ours["decode_tokens_per_s"], None),
+        ("mean decode batch", ours["mean_decode_batch"], None),
+        ("decode roofline fraction", ours["roofline"]["fraction_of_roofline"], None),
+        ("peak memory (GiB)", ours["peak_memory_bytes"] / gib, theirs and theirs["peak_memory_bytes"] / gib),
+        ("KV cache (tokens)", ours["kv_cache_tokens"], None),
+        ("preemptions", ours["num_preemptions"], None),
+    ]
+    print(f"engine benchmark: {result['model']} on {result['device']} ({result['dtype']}), "
+          f"{result['num_requests']} requests, {result['prompt_tokens']} prompt tokens")
+    print(f"{'metric':<26}{'asyncrl':>16}{'transformers':>16}")
+    for label, value, reference in rows:
+        print(f"{label:<26}{_format(value):>16}{_format(reference):>16}")
+    if theirs:
+        print(f"speedup vs transformers: {result['speedup_vs_transformers']:.2f}x")
+
+
+def _format(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.3f}" if isinstance(value, float) else f"{value:,}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`asyncrl bench engine` / `python -m asyncrl.bench.engine`; see the module docstring."""
+    parser = argparse.ArgumentParser(prog="asyncrl bench engine", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="qwen2.5-0.5b", help="HF folder, qwen2.5-0.5b or qwen2.5-1.5b")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--prompt-lengths", default="128", help="'N' or 'LOW:HIGH'")
+    parser.add_argument("--output-lengths", default="512", help="'N', 'LOW:HIGH' or 'lognormal:MEDIAN:CAP[:SIGMA]'")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None)
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    parser.add_argument("--compare-transformers", action="store_true")
+    parser.add_argument("--transformers-batch-size", type=int, default=None)
+    parser.add_argument("--bandwidth", type=float, default=H200_BANDWIDTH, help="device memory bandwidth, B/s")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", type=Path, default=None, help="write the result as JSON here")
+    args = parser.parse_args(argv)
+    result = run_engine_benchmark(
+        args.model, args.num_requests, args.prompt_lengths, args.output_lengths,
+        getattr(torch, args.dtype) if args.dtype else None, args.device, args.compare_transformers, args.bandwidth,
+        args.max_num_seqs, args.max_num_batched_tokens, args.gpu_memory_utilization, args.enforce_eager,
+        args.transformers_batch_size, args.seed)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
