@@ -166,7 +166,8 @@ class TrainBatch:
 
     @classmethod
     def from_numpy(cls, arrays: dict[str, np.ndarray]) -> "TrainBatch":
-        return cls(**{name: torch.from_numpy(np.ascontiguousarray(array)) for name, array in arrays.items()})
+        # A copy: arrays from Ray are read-only views of its object store.
+        return cls(**{name: torch.from_numpy(np.array(array)) for name, array in arrays.items()})
 
 
 def pad_columns(tensor: Tensor, width: int) -> Tensor:

@@ -126,3 +126,27 @@ def test_task_knobs_change_difficulty():
     assert int(answer) == eval(question.rstrip("="))
     with pytest.raises(ValueError, match="min_digits <= max_digits"):
         make_task("arithmetic", {"min_digits": "3", "max_digits": "2"})
+
+
+def test_prompt_dataset_applies_template_and_overlong_policy(tmp_path):
+    from asyncrl.config import load_config
+    from asyncrl.data.dataset import PromptDataset
+    from asyncrl.models import load_tokenizer, save_char_tokenizer
+    tokenizer = load_tokenizer(save_char_tokenizer(tmp_path / "tok"))
+    rows = [dict(GOOD_ROW, prompt=[{"role": "user", "content": text}]) for text in ("1+1=", "12345+678=", "9=")]
+    path = write_jsonl(tmp_path / "p.jsonl", rows)
+    limit = len(tokenizer.encode("<|user|>1+1=<|assistant|>", add_special_tokens=False))
+    base = ["data.max_prompt_length=" + str(limit)]
+    dataset = PromptDataset.from_files([str(path)], tokenizer, load_config(None, base).data)
+    assert dataset.num_dropped == 1 and len(dataset) == 2
+    assert tokenizer.decode(dataset[0].prompt_ids) == "<|user|>1+1=<|assistant|>"
+    assert dataset[1].record.prompt_id == "p.jsonl:2"
+    left = PromptDataset.from_files([str(path)], tokenizer, load_config(
+        None, base + ["data.filter_overlong_prompts=false", "data.truncation=left"]).data)
+    assert len(left) == 3 and len(left[1].prompt_ids) == limit
+    assert tokenizer.decode(left[1].prompt_ids).endswith("678=<|assistant|>")
+    with pytest.raises(DatasetError, match=r"p\.jsonl:1: prompt has \d+ tokens, more than data\.max_prompt_length"):
+        PromptDataset.from_files([str(path)], tokenizer, load_config(
+            None, base + ["data.filter_overlong_prompts=false"]).data)
+    with pytest.raises(DatasetError, match="no prompt left"):
+        PromptDataset.from_files([str(path)], tokenizer, load_config(None, ["data.max_prompt_length=2"]).data)

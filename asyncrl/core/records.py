@@ -1,0 +1,63 @@
+"""Records between the generation stage and the training batch.
+
+A `Sample` is one response to one prompt: who asked (the prompt record and its tokens), what the engine
+returned (tokens, log-probs, per-token versions, finish reason), and, once scored, its reward.
+`samples_to_batch` packs samples into the padded `TrainBatch` the trainer consumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from asyncrl.data.records import TokenizedPrompt
+from asyncrl.engine import GenerationResult
+from asyncrl.train.batch import TrainBatch
+
+
+@dataclass(frozen=True)
+class Sample:
+    prompt: TokenizedPrompt
+    group_index: int                   # which prompt of the batch: the GRPO group
+    sample_index: int                  # 0 .. rollout.n - 1 within the group
+    result: GenerationResult
+    score: Optional[float] = None      # filled by compute_reward
+    reward_extra: dict[str, float] = field(default_factory=dict)
+    reward_error: Optional[str] = None
+
+    @property
+    def prompt_id(self) -> str:
+        return self.prompt.record.prompt_id
+
+    @property
+    def num_response_tokens(self) -> int:
+        return self.result.num_response_tokens
+
+    def with_reward(self, score: float, extra: dict[str, float], error: Optional[str]) -> "Sample":
+        return replace(self, score=score, reward_extra=extra, reward_error=error)
+
+
+def samples_to_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
+    """Pack samples (in order) into a TrainBatch with rollout log-probs, versions and, if scored,
+    token-level scores (the score sits on the last response token)."""
+    batch = TrainBatch.from_sequences([sample.result.prompt_ids.tolist() for sample in samples],
+                                      [sample.result.response_ids.tolist() for sample in samples],
+                                      [sample.group_index for sample in samples], pad_id)
+    width = batch.max_response_length
+    log_probs = np.zeros((len(samples), width), dtype=np.float32)
+    versions = np.zeros((len(samples), width), dtype=np.int64)
+    for row, sample in enumerate(samples):
+        length = sample.num_response_tokens
+        log_probs[row, :length] = sample.result.response_log_probs
+        versions[row, :length] = sample.result.response_versions
+    batch = batch.replace(rollout_log_probs=torch.from_numpy(log_probs), versions=torch.from_numpy(versions))
+    if all(sample.score is not None for sample in samples):
+        scores = torch.zeros(len(samples), width)
+        for row, sample in enumerate(samples):
+            if sample.num_response_tokens:
+                scores[row, sample.num_response_tokens - 1] = sample.score
+        batch = batch.replace(token_level_scores=scores)
+    return batch

@@ -1,0 +1,32 @@
+"""Turn prompts into engine requests with deterministic per-request seeds.
+
+A request's seed depends only on (rollout.seed, the prompt id, the sample index, a salt such as the
+step), never on batch composition or timing, so a resumed run regenerates exactly what the
+interrupted one would have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from typing import Sequence
+
+from asyncrl.data.records import TokenizedPrompt
+from asyncrl.engine import GenerationRequest, SamplingParams
+
+
+def request_seed(base_seed: int, prompt_id: str, sample_index: int, salt: str) -> int:
+    digest = hashlib.blake2b(f"{base_seed}|{prompt_id}|{sample_index}|{salt}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # < 2**63
+
+
+def make_requests(prompts: Sequence[TokenizedPrompt], num_samples: int, params: SamplingParams, base_seed: int,
+                  salt: str) -> list[GenerationRequest]:
+    """num_samples requests per prompt, grouped: prompt 0's samples first. Ids are '<salt>/<prompt id>/<k>'."""
+    requests = []
+    for prompt in prompts:
+        for sample_index in range(num_samples):
+            seed = request_seed(base_seed, prompt.record.prompt_id, sample_index, salt)
+            requests.append(GenerationRequest(f"{salt}/{prompt.record.prompt_id}/{sample_index}",
+                                              prompt.prompt_ids, replace(params, seed=seed)))
+    return requests

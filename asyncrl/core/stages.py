@@ -1,0 +1,185 @@
+"""The reusable PPO step: one method per stage. Recipes compose them; no recipe re-implements one.
+
+    metrics = {}
+    samples = core.generate(prompts, metrics, salt=f"step{step}")
+    samples = core.compute_reward(samples, metrics)
+    batch = core.build_batch(samples, metrics)
+    batch = core.compute_old_log_prob(batch, metrics)
+    batch = core.compute_ref_log_prob(batch, metrics)      # no-op without a KL term
+    batch = core.compute_values(batch, metrics)            # no-op without a critic
+    batch = core.compute_advantage(batch, metrics)
+    core.update_critic(batch, step, metrics)
+    core.update_actor(batch, step, metrics)
+    core.sync_weights(metrics)
+    core.log(metrics, step)
+
+Every stage adds its wall time to `metrics["timing_s/<stage>"]` and a span to the timeline. Stages take
+the metrics dict explicitly, so stages of different steps can run concurrently (one-step-off).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from asyncrl.algos import ADVANTAGE_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_kl_penalty
+from asyncrl.config import AsyncRLConfig, needs_critic, needs_reference
+from asyncrl.core.advantage import rollout_correction
+from asyncrl.core.metrics import advantage_metrics, sample_metrics
+from asyncrl.core.records import Sample, samples_to_batch
+from asyncrl.core.requests import make_requests
+from asyncrl.core.rollout import Rollout
+from asyncrl.core.trainer_group import TrainerGroup
+from asyncrl.core.validation import validation_metrics
+from asyncrl.data.dataset import PromptDataset
+from asyncrl.data.records import TokenizedPrompt
+from asyncrl.engine import SamplingParams
+from asyncrl.rewards import RewardExecutor, RewardRequest
+from asyncrl.telemetry import Timeline, Tracker, timed
+from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch
+
+
+class PPOCore:
+    def __init__(self, config: AsyncRLConfig, trainers: TrainerGroup, rollout: Rollout, reward: RewardExecutor,
+                 tokenizer: Any, tracker: Tracker, timeline: Timeline):
+        self.config = config
+        self.trainers = trainers
+        self.rollout = rollout
+        self.reward = reward
+        self.tokenizer = tokenizer
+        self.tracker = tracker
+        self.timeline = timeline
+        self.version = 0  # owned here; the engines stamp it on every token after a sync
+        kl = config.algorithm.kl_ctrl
+        self.kl_controller = AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon) if kl.type == "adaptive" \
+            else FixedKLController(kl.kl_coef)
+        self.use_critic = needs_critic(config)
+        self.use_reference = needs_reference(config)
+
+    def timed(self, metrics: dict[str, float], stage: str):
+        return timed(metrics, stage, self.timeline, "driver")
+
+    def sampling(self, validation: bool) -> SamplingParams:
+        rollout, budget = self.config.rollout, self.config.data.max_response_length
+        if not validation:
+            return SamplingParams.from_rollout(rollout, budget)
+        val = rollout.val_kwargs
+        return SamplingParams(temperature=val.temperature, top_p=val.top_p, top_k=val.top_k, max_new_tokens=budget)
+
+    # ---- stages ---------------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[TokenizedPrompt], metrics: dict[str, float], salt: str,
+                 validation: bool = False) -> list[Sample]:
+        num_samples = self.config.rollout.val_kwargs.n if validation else self.config.rollout.n
+        requests = make_requests(prompts, num_samples, self.sampling(validation), self.config.rollout.seed, salt)
+        with self.timed(metrics, "gen"):
+            results = self.rollout.generate(requests)
+        return [Sample(prompts[index // num_samples], index // num_samples, index % num_samples, result)
+                for index, result in enumerate(results)]
+
+    def compute_reward(self, samples: Sequence[Sample], metrics: dict[str, float]) -> list[Sample]:
+        with self.timed(metrics, "reward"):
+            requests = [RewardRequest(sample.prompt.record.data_source, self.decode(sample),
+                                      sample.prompt.record.ground_truth, sample.prompt.record.extra_info)
+                        for sample in samples]
+            results = self.reward.score(requests)
+        metrics.update(self.reward.metrics())
+        for name in sorted({name for result in results for name in result.extra}):
+            values = [result.extra[name] for result in results if name in result.extra]
+            metrics[f"reward/{name}/mean"] = sum(values) / len(values)
+        return [sample.with_reward(result.score, result.extra, result.error)
+                for sample, result in zip(samples, results)]
+
+    def decode(self, sample: Sample) -> str:
+        return self.tokenizer.decode(sample.result.response_ids.tolist(), skip_special_tokens=True)
+
+    def build_batch(self, samples: Sequence[Sample], metrics: dict[str, float]) -> TrainBatch:
+        batch = samples_to_batch(samples)
+        metrics.update(sample_metrics(batch, [sample.result.finish_reason for sample in samples], self.version))
+        metrics["param_version"] = float(self.version)
+        return batch
+
+    def compute_old_log_prob(self, batch: TrainBatch, metrics: dict[str, float]) -> TrainBatch:
+        """Bypass mode: the rollout's log-probs are the PPO anchor. Decoupled: recomputed by the trainer."""
+        if self.config.algorithm.rollout_correction.bypass_mode:
+            return batch.replace(old_log_probs=batch.need("rollout_log_probs", "compute_old_log_prob"))
+        with self.timed(metrics, "old_log_prob"):
+            old_log_probs, entropy = self.trainers.compute_log_prob(batch)
+        mask = batch.response_mask
+        metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp_min(1))
+        return batch.replace(old_log_probs=old_log_probs)
+
+    def compute_ref_log_prob(self, batch: TrainBatch, metrics: dict[str, float]) -> TrainBatch:
+        if not self.use_reference:
+            return batch
+        with self.timed(metrics, "ref"):
+            return batch.replace(ref_log_probs=self.trainers.compute_ref_log_prob(batch))
+
+    def compute_values(self, batch: TrainBatch, metrics: dict[str, float]) -> TrainBatch:
+        if not self.use_critic:
+            return batch
+        with self.timed(metrics, "values"):
+            return batch.replace(values=self.trainers.compute_values(batch))
+
+    def compute_advantage(self, batch: TrainBatch, metrics: dict[str, float]) -> TrainBatch:
+        algorithm = self.config.algorithm
+        with self.timed(metrics, "adv"):
+            scores = batch.need("token_level_scores", "compute_advantage")
+            rewards = scores
+            if algorithm.use_kl_in_reward:
+                rewards, kl_metrics = apply_kl_penalty(
+                    scores, batch.need("old_log_probs", "KL in reward"), batch.need("ref_log_probs", "KL in reward"),
+                    batch.response_mask, self.kl_controller.kl_coef, algorithm.kl_penalty)
+                self.kl_controller.update(kl_metrics["actor/reward_kl_penalty"], batch.num_rows)
+                metrics.update(kl_metrics)
+            advantages, returns = ADVANTAGE_ESTIMATORS[algorithm.adv_estimator](
+                rewards, batch.response_mask, batch.group_ids, values=batch.values, gamma=algorithm.gamma,
+                lam=algorithm.lam, norm_adv_by_std=algorithm.norm_adv_by_std_in_grpo)
+            batch = batch.replace(token_level_rewards=rewards, advantages=advantages, returns=returns)
+            # Rejection changes which tokens train, after advantages were computed over whole groups.
+            batch = rollout_correction(batch, algorithm.rollout_correction, metrics)
+        metrics.update(advantage_metrics(batch))
+        return batch
+
+    def update_critic(self, batch: TrainBatch, step: int, metrics: dict[str, float]) -> None:
+        if not self.use_critic:
+            return
+        with self.timed(metrics, "update_critic"):
+            metrics.update(self.trainers.update_critic(batch, CriticUpdateSpec.from_config(
+                self.config, batch.num_rows, step)))
+
+    def update_actor(self, batch: TrainBatch, step: int, metrics: dict[str, float]) -> None:
+        if step <= self.config.trainer.critic_warmup:
+            return
+        with self.timed(metrics, "update_actor"):
+            metrics.update(self.trainers.update_actor(batch, PolicyUpdateSpec.from_config(
+                self.config, batch.num_rows, step)))
+
+    def sync_weights(self, metrics: dict[str, float]) -> None:
+        with self.timed(metrics, "sync_weights"):
+            self.version += 1
+            self.rollout.sync_weights(self.version)
+        metrics["param_version"] = float(self.version)
+
+    def validate(self, dataset: PromptDataset, metrics: dict[str, float]) -> list[Sample]:
+        """Generate for every validation prompt with `rollout.val_kwargs` and score; adds val/* metrics."""
+        samples: list[Sample] = []
+        size = self.config.data.val_batch_size
+        with self.timed(metrics, "validate"):
+            for start in range(0, len(dataset), size):
+                prompts = dataset.prompts[start:start + size]
+                samples += self.compute_reward(self.generate(prompts, {}, salt="val", validation=True), {})
+        metrics.update(validation_metrics(samples, self.config.rollout.val_kwargs.n))
+        return samples
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.tracker.log(metrics, step)
+
+    # ---- state ----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "kl_controller": self.kl_controller.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any], trainer_folder: Optional[str]) -> None:
+        self.version = state["version"]
+        self.kl_controller.load_state_dict(state["kl_controller"])
+        if trainer_folder is not None:
+            self.trainers.load_checkpoint(trainer_folder)
+            self.rollout.sync_weights(self.version)

@@ -1,0 +1,25 @@
+"""Run a training job from a validated config: build the runtime, run the mode's recipe, clean up.
+
+    summary = train(load_config("run.yaml", ["trainer.mode=sync"]))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncrl.config import AsyncRLConfig
+from asyncrl.recipes.runtime import build_runtime
+from asyncrl.recipes.sync import SyncRecipe
+
+RECIPES = {"sync": SyncRecipe}
+
+
+def train(config: AsyncRLConfig) -> dict[str, Any]:
+    if config.trainer.mode not in RECIPES:
+        raise NotImplementedError(f"trainer.mode={config.trainer.mode} is not available yet; available: "
+                                  f"{sorted(RECIPES)}")
+    runtime = build_runtime(config)
+    try:
+        return RECIPES[config.trainer.mode](runtime).fit()
+    finally:
+        runtime.close()

@@ -1,0 +1,134 @@
+"""What every recipe's loop shares: the data cursor, the step counter, checkpoint/resume, validation
+cadence, and the run's end (final validation, policy export, summary, plots).
+
+The loop itself stays in each recipe, because the recipes differ exactly there (what overlaps with what).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from asyncrl.core.checkpoint import CheckpointManager
+from asyncrl.data.records import TokenizedPrompt
+from asyncrl.data.sampler import PromptSampler
+from asyncrl.recipes.runtime import Runtime, total_training_steps
+from asyncrl.telemetry import plot_run
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunState:
+    runtime: Runtime
+    sampler: PromptSampler
+    total_steps: int
+    checkpoints: CheckpointManager
+    step: int = 0                               # last finished training step
+    num_samples: int = 0
+    num_tokens: int = 0
+    started_s: float = field(default_factory=time.monotonic)
+    last_validation: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, runtime: Runtime) -> "RunState":
+        config = runtime.config
+        sampler = PromptSampler(len(runtime.train_data), config.data.shuffle, config.data.seed,
+                                config.trainer.total_epochs)
+        return cls(runtime, sampler, total_training_steps(config, len(runtime.train_data)),
+                   CheckpointManager(runtime.output_dir / "checkpoints", config.trainer.max_checkpoints))
+
+    @property
+    def is_done(self) -> bool:
+        return self.step >= self.total_steps or self.sampler.is_exhausted
+
+    def next_prompts(self) -> list[TokenizedPrompt]:
+        indices = self.sampler.next_batch(self.runtime.config.data.train_batch_size)
+        return [self.runtime.train_data[index] for index in indices]
+
+    # ---- checkpoints ----------------------------------------------------------------------------------
+    def driver_state(self, extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        return {"step": self.step, "sampler": self.sampler.state_dict(), "core": self.runtime.core.state_dict(),
+                "num_samples": self.num_samples, "num_tokens": self.num_tokens, "recipe": extra or {}}
+
+    def save(self, extra: Optional[dict[str, Any]] = None) -> Path:
+        return self.checkpoints.save(self.step, self.driver_state(extra), self.runtime.trainers.save_checkpoint)
+
+    def maybe_save(self, extra: Optional[dict[str, Any]] = None) -> None:
+        frequency = self.runtime.config.trainer.save_freq
+        if frequency > 0 and self.step % frequency == 0:
+            self.save(extra)
+
+    def resume(self) -> dict[str, Any]:
+        """Restore the newest usable checkpoint (trainer.resume=auto) or a given one; the recipe's extra state."""
+        setting = self.runtime.config.trainer.resume
+        if setting == "disable":
+            return {}
+        folder = self.checkpoints.find_resumable() if setting == "auto" else Path(setting)
+        if folder is None:
+            return {}
+        state = CheckpointManager.read_driver_state(folder)
+        self.step, self.num_samples, self.num_tokens = state["step"], state["num_samples"], state["num_tokens"]
+        self.sampler.load_state_dict(state["sampler"])
+        self.runtime.core.load_state_dict(state["core"], str(folder / "trainer"))
+        logger.info("resumed from %s at step %d", folder, self.step)
+        return state["recipe"]
+
+    # ---- validation and the end of the run ------------------------------------------------------------
+    def validate(self, metrics: dict[str, float]) -> None:
+        if self.runtime.val_data is None:
+            return
+        self.runtime.core.validate(self.runtime.val_data, metrics)
+        self.last_validation = {key: value for key, value in metrics.items() if key.startswith("val/")}
+
+    def maybe_validate(self, metrics: dict[str, float]) -> None:
+        frequency = self.runtime.config.trainer.test_freq
+        if frequency > 0 and self.step % frequency == 0 and not self.is_done:
+            self.validate(metrics)
+
+    def record_step(self, metrics: dict[str, float], num_samples: int, num_tokens: int, step_seconds: float) -> None:
+        self.num_samples += num_samples
+        self.num_tokens += num_tokens
+        metrics["timing_s/step"] = step_seconds
+        metrics["perf/time_per_step"] = step_seconds
+        metrics["perf/throughput"] = num_tokens / max(step_seconds, 1e-9)
+        metrics["perf/samples_per_s"] = num_samples / max(step_seconds, 1e-9)
+        metrics["training/epoch"] = float(self.sampler.epoch)
+
+    def finish(self, initial_validation: dict[str, float]) -> dict[str, Any]:
+        """Final validation, checkpoint, policy export, summary.json and plots."""
+        runtime = self.runtime
+        metrics: dict[str, float] = {}
+        self.validate(metrics)
+        if metrics:
+            runtime.core.log(metrics, self.step)
+        self.save()
+        runtime.trainers.export_policy(str(runtime.output_dir / "policy"))
+        summary = {
+            "steps": self.step, "samples": self.num_samples, "tokens": self.num_tokens,
+            "wall_time_s": time.monotonic() - self.started_s, "param_version": runtime.core.version,
+            "initial_validation": initial_validation, "final_validation": self.last_validation,
+            "output_dir": str(runtime.output_dir), "mode": runtime.config.trainer.mode,
+        }
+        (runtime.output_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+        runtime.tracker.close()
+        plot_run(runtime.output_dir)
+        return summary
+
+    def dump_rollouts(self, samples: list, decode) -> None:
+        """rollouts/step_N.jsonl: prompt, response, score and versions of every sample (trainer.dump_rollouts)."""
+        if not self.runtime.config.trainer.dump_rollouts:
+            return
+        folder = self.runtime.output_dir / "rollouts"
+        folder.mkdir(exist_ok=True)
+        with open(folder / f"step_{self.step}.jsonl", "w") as handle:
+            for sample in samples:
+                handle.write(json.dumps({
+                    "prompt_id": sample.prompt_id, "sample_index": sample.sample_index,
+                    "prompt": self.runtime.tokenizer.decode(sample.result.prompt_ids.tolist()),
+                    "response": decode(sample), "score": sample.score, "finish_reason": sample.result.finish_reason,
+                    "versions": sorted(set(sample.result.response_versions.tolist()))}) + "\n")

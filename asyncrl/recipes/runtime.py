@@ -1,0 +1,144 @@
+"""Build what a run needs, in a fixed order, after the config is validated:
+
+tokenizer and datasets (errors here start no Ray worker) -> reward executor -> Ray -> resource pools (one
+atomic reservation) -> trainer ranks -> rollout -> the PPO core, with tracker and timeline.
+
+    runtime = build_runtime(config)
+    ... recipe uses runtime.core, runtime.train_data, runtime.val_data ...
+    runtime.close()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import ray
+
+from asyncrl.config import AsyncRLConfig, dump_config
+from asyncrl.core.checkpoint import CheckpointManager
+from asyncrl.core.rollout import ColocatedRollout, Rollout
+from asyncrl.core.stages import PPOCore
+from asyncrl.core.trainer_group import TrainerGroup
+from asyncrl.data.dataset import PromptDataset
+from asyncrl.distributed.remote import wait_for_all
+from asyncrl.distributed.resource_pool import PoolSpec, Pools, allocate_pools
+from asyncrl.distributed.runtime import start_ray
+from asyncrl.distributed.trainer_actor import TrainerActor
+from asyncrl.models import load_tokenizer, read_config
+from asyncrl.rewards import RewardExecutor
+from asyncrl.telemetry import Timeline, Tracker
+
+
+@dataclass
+class Runtime:
+    config: AsyncRLConfig
+    output_dir: Path
+    tokenizer: Any
+    train_data: PromptDataset
+    val_data: Optional[PromptDataset]
+    reward: RewardExecutor
+    pools: Pools
+    trainers: TrainerGroup
+    rollout: Rollout
+    core: PPOCore
+    tracker: Tracker
+    timeline: Timeline
+
+    def close(self) -> None:
+        self.tracker.close()
+        self.timeline.save(self.output_dir / "timeline.json")
+        self.reward.close()
+        for actor in self.trainers.actors:
+            ray.kill(actor)
+        self.pools.release()
+
+
+def load_inputs(config: AsyncRLConfig) -> tuple[Any, PromptDataset, Optional[PromptDataset]]:
+    """Tokenizer and datasets: everything that can be wrong with the user's files, checked before Ray."""
+    model_config, _ = read_config(config.model.path)
+    budget = config.data.max_prompt_length + config.data.max_response_length
+    if budget > model_config.max_position_embeddings:
+        raise ValueError(f"data.max_prompt_length + data.max_response_length = {budget} exceeds the model's "
+                         f"max_position_embeddings ({model_config.max_position_embeddings}) in {config.model.path}")
+    tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.path)
+    train = PromptDataset.from_files(config.data.train_files, tokenizer, config.data)
+    val = PromptDataset.from_files(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
+    return tokenizer, train, val
+
+
+def total_training_steps(config: AsyncRLConfig, num_prompts: int) -> int:
+    """Steps of the whole run, known before any worker is built (the LR schedule needs it)."""
+    per_epoch = math.ceil(num_prompts / config.data.train_batch_size)
+    steps = per_epoch * config.trainer.total_epochs
+    return min(steps, config.trainer.total_steps) if config.trainer.total_steps > 0 else steps
+
+
+def uses_gpu(config: AsyncRLConfig) -> bool:
+    return config.trainer.device == "cuda" or (config.trainer.device == "auto" and
+                                                 ray.cluster_resources().get("GPU", 0) > 0)
+
+
+def trainer_pool_spec(config: AsyncRLConfig, num_other_workers: int) -> PoolSpec:
+    world_size = config.trainer.n_gpus_per_node * config.trainer.nnodes
+    if uses_gpu(config):
+        return PoolSpec("trainer", world_size, 1.0, 1.0)
+    # CPU slots: share the cores (leaving some room for the driver) among every worker of the run.
+    cpus = ray.available_resources().get("CPU", 1.0)
+    return PoolSpec("trainer", world_size, 0.0, round(min(1.0, 0.9 * cpus / (world_size + num_other_workers)), 3))
+
+
+@ray.remote(num_cpus=0)
+def node_address() -> tuple[str, int]:
+    """An address and a free port on the node this runs on (for the trainer ranks' process group)."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return ray.util.get_node_ip_address(), sock.getsockname()[1]
+
+
+def start_trainers(config: AsyncRLConfig, pools: Pools, total_steps: int, host_engine: bool) -> TrainerGroup:
+    spec = pools.spec("trainer")
+    address, port = ray.get(node_address.options(scheduling_strategy=pools.strategy("trainer", 0)).remote())
+    threads = max(1, int(os.cpu_count() / spec.num_workers)) if not spec.num_gpus_per_worker else 4
+    actors = [TrainerActor.options(num_cpus=spec.num_cpus_per_worker, num_gpus=spec.num_gpus_per_worker,
+                                   scheduling_strategy=pools.strategy("trainer", rank),
+                                   name=None).remote(config, rank, spec.num_workers, address, port, total_steps,
+                                                     host_engine, threads)
+              for rank in range(spec.num_workers)]
+    group = TrainerGroup(actors, config.ray.rpc_timeout_s)
+    wait_for_all([actor.ping.remote() for actor in actors], group.names, "startup", config.ray.rpc_timeout_s)
+    return group
+
+
+def resume_step(config: AsyncRLConfig, output_dir: Path) -> Optional[int]:
+    """The first step a resumed run will log (metrics of later steps in metrics.jsonl are rewritten)."""
+    if config.trainer.resume == "disable":
+        return None
+    manager = CheckpointManager(output_dir / "checkpoints", config.trainer.max_checkpoints)
+    folder = manager.find_resumable() if config.trainer.resume == "auto" else Path(config.trainer.resume)
+    if folder is None:
+        return None
+    return CheckpointManager.read_driver_state(folder)["step"] + 1
+
+
+def build_runtime(config: AsyncRLConfig) -> Runtime:
+    tokenizer, train_data, val_data = load_inputs(config)
+    reward = RewardExecutor(config.reward.custom_function, config.reward.timeout_s, config.reward.num_workers)
+    output_dir = Path(config.trainer.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "config.yaml").write_text(dump_config(config))
+    start_ray(config.ray)
+    pools = allocate_pools([trainer_pool_spec(config, 0)])
+    trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)), host_engine=True)
+    rollout = ColocatedRollout(trainers)
+    tracker = Tracker(output_dir, config.trainer.logger, config.trainer.project_name, config.trainer.experiment_name,
+                      dataclasses.asdict(config), resume_step=resume_step(config, output_dir))
+    timeline = Timeline()
+    core = PPOCore(config, trainers, rollout, reward, tokenizer, tracker, timeline)
+    return Runtime(config, output_dir, tokenizer, train_data, val_data, reward, pools, trainers, rollout, core,
+                   tracker, timeline)
