@@ -12,6 +12,7 @@ from asyncrl.engine.async_engine import AsyncEngine
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.llm_engine import LLMEngine
 from asyncrl.engine.request import FINISH_REASONS, GenerationRequest, GenerationResult, SamplingParams
+from asyncrl.engine.sequence import derive_seed
 
 __all__ = [
     "AsyncEngine",
@@ -21,4 +22,5 @@ __all__ = [
     "GenerationResult",
     "LLMEngine",
     "SamplingParams",
+    "derive_seed",
 ]

@@ -16,12 +16,15 @@ If a step raises, every waiting caller gets the error and later calls fail with 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterable
 
 from torch import Tensor
 
 from asyncrl.engine.llm_engine import LLMEngine
 from asyncrl.engine.request import GenerationRequest, GenerationResult
+
+logger = logging.getLogger(__name__)
 
 
 class AsyncEngine:
@@ -36,6 +39,7 @@ class AsyncEngine:
         self._is_paused = False
         self._loop_task: asyncio.Task | None = None
         self._error: BaseException | None = None
+        self._background_tasks: set[asyncio.Task] = set()
 
     @property
     def is_paused(self) -> bool:
@@ -46,8 +50,16 @@ class AsyncEngine:
         return len(self._futures)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Submits `request` and waits for its result (finish_reason "abort" if it gets aborted)."""
-        return await self._submit(request)
+        """Submits `request` and waits for its result (finish_reason "abort" if it gets aborted). Cancelling
+        the wait aborts the request, so its KV blocks and request id are freed."""
+        future = self._submit(request)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            task = asyncio.get_running_loop().create_task(self.abort([request.request_id]))
+            self._background_tasks.add(task)  # a reference keeps the task alive until it ends
+            task.add_done_callback(self._background_tasks.discard)
+            raise
 
     async def as_completed(self, requests: Iterable[GenerationRequest]) -> AsyncIterator[GenerationResult]:
         """Submits all `requests`, then yields each result as soon as it finishes."""
@@ -137,13 +149,13 @@ class AsyncEngine:
                     self._hand_pending_to_engine()
                     results = await asyncio.to_thread(self.engine.step)
                 self._resolve(results)
-        except Exception as error:
+        except Exception as error:  # every caller hears of it; the loop stays down
+            logger.exception("engine step failed")
             self._error = error
             for future in self._futures.values():
                 if not future.done():
                     future.set_exception(RuntimeError(f"engine step failed: {error!r}"))
             self._futures.clear()
-            raise
 
     def _resolve(self, results: list[GenerationResult]) -> None:
         for result in results:

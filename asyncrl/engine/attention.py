@@ -37,7 +37,11 @@ class AttentionMetadata:
     write_rows: Tensor | None  # (W,) int64 rows of the new key/value to store; None = rows 0 .. W - 1
     block_tables: Tensor  # (R, max_blocks) int32 physical block ids, padded with the sink block
     context_lens: Tensor  # (R,) int32 cached tokens per row after this step's write (attended length)
-    query_token_mask: Tensor  # (R, T_max) bool: True where row r has its t-th new token (rows in token order)
+    query_lens: Tensor  # (R,) int64 new tokens per row: the row's last query_lens positions
+    # (N,) int64 index r * max_query_len + t of each new token in a right-padded (R, max_query_len) layout;
+    # integer indices, not a boolean mask, because boolean indexing synchronises the device.
+    query_token_indices: Tensor
+    max_query_len: int
     max_context_len: int
     is_decode: bool  # every row has exactly one new token, the last of its context
     num_splits: int = 1  # context splits of the decode kernel (a static choice per CUDA-graph bucket)
@@ -60,7 +64,7 @@ class PagedAttention:
         if metadata.is_decode:
             return self.decode_kernel(query, key_cache, value_cache, metadata.block_tables, metadata.context_lens,
                                       metadata.num_splits)
-        return dense_prefill_attention(query, key, value, metadata.query_token_mask)
+        return dense_prefill_attention(query, key, value, metadata)
 
 
 def torch_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, metadata: AttentionMetadata) -> Tensor:
@@ -75,30 +79,35 @@ def torch_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
     tables = metadata.block_tables[:, :num_blocks].long()  # (R, B)
     keys = key_cache[tables].flatten(1, 2)  # (R, B * block_size, Hkv, D)
     values = value_cache[tables].flatten(1, 2)
-    token_mask = metadata.query_token_mask  # (R, T)
-    query_lens = token_mask.sum(dim=1)  # (R,)
-    max_query_len = token_mask.shape[1]
-    padded_query = query.new_zeros(num_rows, max_query_len, *query.shape[1:])  # (R, T, Hq, D)
-    padded_query[token_mask] = query
-    query_positions = (metadata.context_lens - query_lens)[:, None] + torch.arange(max_query_len, device=query.device)
+    max_query_len = metadata.max_query_len
+    padded_query = pad_rows(query, metadata)  # (R, T, Hq, D)
+    first_positions = metadata.context_lens.long() - metadata.query_lens  # (R,)
+    query_positions = first_positions[:, None] + torch.arange(max_query_len, device=query.device)  # (R, T)
     key_positions = torch.arange(keys.shape[1], device=query.device)  # (K,)
     mask = key_positions[None, None, :] <= query_positions[:, :, None]  # (R, T, K)
     output = F.scaled_dot_product_attention(
         padded_query.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
         attn_mask=mask[:, None], enable_gqa=query.shape[1] != keys.shape[2],
     )  # (R, Hq, T, D)
-    return output.transpose(1, 2)[token_mask]
+    return unpad_rows(output.transpose(1, 2), metadata)
 
 
-def dense_prefill_attention(query: Tensor, key: Tensor, value: Tensor, query_token_mask: Tensor) -> Tensor:
+def pad_rows(tensor: Tensor, metadata: AttentionMetadata) -> Tensor:
+    """(N, H, D) new tokens -> (R, T_max, H, D) right-padded rows (zeros in the padding)."""
+    num_rows = metadata.block_tables.shape[0]
+    padded = tensor.new_zeros(num_rows * metadata.max_query_len, *tensor.shape[1:])
+    padded.index_copy_(0, metadata.query_token_indices, tensor)
+    return padded.view(num_rows, metadata.max_query_len, *tensor.shape[1:])
+
+
+def unpad_rows(padded: Tensor, metadata: AttentionMetadata) -> Tensor:
+    """(R, T_max, H, D) -> (N, H, D) in token order."""
+    return padded.reshape(-1, *padded.shape[2:]).index_select(0, metadata.query_token_indices)
+
+
+def dense_prefill_attention(query: Tensor, key: Tensor, value: Tensor, metadata: AttentionMetadata) -> Tensor:
     """Causal attention among the new tokens of rows that all start at position 0: query (N, Hq, D),
     key/value (N, Hkv, D) -> (N, Hq, D), computed on right-padded (R, T_max) rows."""
-    num_rows, max_query_len = query_token_mask.shape
-
-    def pad(tensor: Tensor) -> Tensor:
-        padded = tensor.new_zeros(num_rows, max_query_len, *tensor.shape[1:])
-        padded[query_token_mask] = tensor
-        return padded
-
     # Right padding is harmless under a causal mask: no real token sees a later padded one.
-    return causal_attention(pad(query), pad(key), pad(value))[query_token_mask]
+    output = causal_attention(pad_rows(query, metadata), pad_rows(key, metadata), pad_rows(value, metadata))
+    return unpad_rows(output, metadata)

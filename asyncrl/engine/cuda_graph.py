@@ -9,6 +9,8 @@ drops them when the cache is released (engine sleep).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -96,22 +98,28 @@ class DecodeGraphs:
                 self._pad(0, bucket)
                 self._capture(bucket)
 
-    def _capture(self, bucket: int) -> None:
+    def static_forward(self, bucket: int) -> Callable[[], Tensor]:
+        """The decode forward of `bucket` rows over the static buffers: () -> hidden (bucket, hidden)."""
+        device = self.kv_cache.device
         metadata = AttentionMetadata(
             write_slots=self.write_slots[:bucket], write_rows=None, block_tables=self.block_tables[:bucket],
-            context_lens=self.context_lens[:bucket],
-            query_token_mask=torch.ones((bucket, 1), dtype=torch.bool, device=self.kv_cache.device),
+            context_lens=self.context_lens[:bucket], query_lens=torch.ones(bucket, dtype=torch.int64, device=device),
+            query_token_indices=torch.arange(bucket, device=device), max_query_len=1,
             max_context_len=self.block_tables.shape[1] * self.kv_cache.block_size, is_decode=True,
             num_splits=decode_num_splits(bucket, self.kv_cache.num_kv_heads, self.num_processors))
         attention = PagedAttention(self.kv_cache, metadata, self.decode_kernel)
         input_ids, positions = self.input_ids[:bucket], self.positions[:bucket]
+        return lambda: self.model(input_ids, positions, attention)
+
+    def _capture(self, bucket: int) -> None:
+        forward = self.static_forward(bucket)
         # Warm-up outside the capture compiles the Triton kernels and sets up cuBLAS; it rewrites the same
         # KV the replay writes, so running it on the real step's inputs is harmless.
-        self.model(input_ids, positions, attention)
+        forward()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            self.outputs[bucket] = self.model(input_ids, positions, attention)
+            self.outputs[bucket] = forward()
         if self.pool is None:
             self.pool = graph.pool()
         self.graphs[bucket] = graph

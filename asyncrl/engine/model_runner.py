@@ -8,6 +8,7 @@ everything is eager torch in fp32.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 
@@ -63,9 +64,17 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self.model, self.kv_cache, decode_kernel, config.max_num_seqs, max_blocks,
                                        self.num_processors)
 
+    def device_guard(self) -> contextlib.AbstractContextManager:
+        """Makes the engine's GPU current: `AsyncEngine` steps in pool threads, whose current device is 0."""
+        return torch.cuda.device(self.device) if self.config.is_cuda else contextlib.nullcontext()
+
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[int], list[float]]:
         """Sampled token id and its log-prob for every sequence of `batch`, in order."""
+        with self.device_guard():
+            return self._run(batch)
+
+    def _run(self, batch: ScheduledBatch) -> tuple[list[int], list[float]]:
         inputs = build_step_inputs(batch, self.block_size, self.kv_cache.sink_block, self.device,
                                    self._num_splits(batch))
         hidden = self._forward(inputs)  # (S, hidden) at each sequence's last token
@@ -89,7 +98,8 @@ class ModelRunner:
     def warm_up(self) -> None:
         """Captures all decode graphs now instead of on first use (no-op without CUDA graphs)."""
         if self.graphs is not None:
-            self.graphs.capture_all()
+            with self.device_guard():
+                self.graphs.capture_all()
 
     def sleep(self) -> None:
         """Frees the KV cache (and the graphs, which point into it)."""
@@ -97,7 +107,8 @@ class ModelRunner:
             self.graphs.clear()
         self.kv_cache.release()
         if self.config.is_cuda:
-            torch.cuda.empty_cache()
+            with self.device_guard():
+                torch.cuda.empty_cache()
 
     def wake(self) -> None:
         """Reallocates the KV cache with the same shape; graphs are recaptured on first use."""
@@ -142,13 +153,15 @@ class ModelRunner:
         row_length = min(self.max_model_len, num_tokens)
         lengths = [row_length] * (num_tokens // row_length) + ([num_tokens % row_length] if num_tokens % row_length else [])
         device, lengths_tensor = self.device, torch.tensor(lengths, device=self.device)
-        token_mask = torch.arange(max(lengths), device=device)[None, :] < lengths_tensor[:, None]
+        token_indices = torch.cat([row * row_length + torch.arange(length, device=device)
+                                   for row, length in enumerate(lengths)])
         metadata = AttentionMetadata(
             write_slots=torch.zeros(0, dtype=torch.int64, device=device),
             write_rows=torch.zeros(0, dtype=torch.int64, device=device),
             block_tables=torch.zeros((len(lengths), 1), dtype=torch.int32, device=device),
-            context_lens=lengths_tensor.to(torch.int32), query_token_mask=token_mask,
-            max_context_len=row_length, is_decode=False)
+            context_lens=lengths_tensor.to(torch.int32), query_lens=lengths_tensor,
+            query_token_indices=token_indices, max_query_len=row_length, max_context_len=row_length,
+            is_decode=False)
         scratch_cache = KVCache(self.model.config, 1, self.block_size, self.config.model_dtype, device)
         positions = torch.cat([torch.arange(length, device=device) for length in lengths])
         input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)

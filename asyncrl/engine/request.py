@@ -69,7 +69,7 @@ def _float32_array(values) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(-1))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq=False: comparing numpy fields with == is ambiguous
 class GenerationRequest:
     """One prompt to complete, optionally with the response generated so far (partial rollout).
 
@@ -105,7 +105,7 @@ class GenerationRequest:
                    result.response_log_probs, result.response_versions)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class GenerationResult:
     """A finished (or aborted) request: the whole response, resumed part included.
 

@@ -16,9 +16,11 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-def derive_seed(request_id: str) -> int:
-    """A stable 63-bit seed from a request id (the same in every process and run, unlike `hash`)."""
-    digest = hashlib.blake2b(request_id.encode("utf-8"), digest_size=8).digest()
+def derive_seed(request_id: str, base_seed: int = 0) -> int:
+    """A stable 63-bit seed from a request id and a run's base seed (`rollout.seed`); the same in every
+    process and run, unlike `hash`. Requests without an explicit seed use derive_seed(request_id)."""
+    key = f"{base_seed}:{request_id}".encode("utf-8")
+    digest = hashlib.blake2b(key, digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
 

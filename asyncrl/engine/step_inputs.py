@@ -61,8 +61,6 @@ def _upload(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, Te
             tensor = tensor.to(torch.int32).view(torch.float32)
         elif array.dtype == np.int32:
             tensor = tensor.to(torch.int32)
-        elif array.dtype == np.bool_:
-            tensor = tensor.to(torch.bool)
         tensors[name] = tensor
     return tensors
 
@@ -101,7 +99,9 @@ def _prefill_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> 
         "write_rows": np.concatenate(rows),
         "block_tables": _block_tables(leaders, sink_block).astype(np.int32),
         "context_lens": lengths.astype(np.int32),
-        "query_token_mask": np.arange(lengths.max())[None, :] < lengths[:, None],
+        "query_lens": lengths,
+        "query_token_indices": np.concatenate([row * lengths.max() + np.arange(length)
+                                               for row, length in enumerate(lengths)]),
         "last_token_indices": starts[leader_rows + 1] - 1,
     }
 
@@ -117,7 +117,8 @@ def _decode_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> d
         "write_slots": np.asarray(slots, dtype=np.int64),
         "block_tables": _block_tables(sequences, sink_block).astype(np.int32),
         "context_lens": (positions + 1).astype(np.int32),
-        "query_token_mask": np.ones((len(sequences), 1), dtype=np.bool_),
+        "query_lens": np.ones(len(sequences), dtype=np.int64),
+        "query_token_indices": np.arange(len(sequences), dtype=np.int64),
         "last_token_indices": np.arange(len(sequences), dtype=np.int64),
     }
 
@@ -136,7 +137,8 @@ def build_step_inputs(batch: ScheduledBatch, block_size: int, sink_block: int, d
     attention = AttentionMetadata(
         write_slots=tensors["write_slots"], write_rows=tensors["write_rows"] if batch.is_prefill else None,
         block_tables=tensors["block_tables"], context_lens=tensors["context_lens"],
-        query_token_mask=tensors["query_token_mask"], max_context_len=max_context_len,
+        query_lens=tensors["query_lens"], query_token_indices=tensors["query_token_indices"],
+        max_query_len=int(arrays["query_lens"].max()), max_context_len=max_context_len,
         is_decode=not batch.is_prefill, num_splits=num_splits)
     sampling = SamplingInputs(
         temperatures=tensors["temperatures"], top_k=tensors["top_k"], top_p=tensors["top_p"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 from asyncrl.engine import AsyncEngine, GenerationRequest, SamplingParams
 from asyncrl.models import iter_named_tensors
@@ -117,3 +118,29 @@ def test_update_weights_and_sleep_while_requests_run(tiny_folder):
         np.testing.assert_array_equal(result.response_ids, reference.response_ids)
         versions = result.response_versions
         assert versions[0] == 0 and versions[-1] == 2 and (np.diff(versions) >= 0).all()
+
+
+def test_cancelled_wait_aborts_and_a_bad_request_fails_only_its_caller(tiny_folder):
+    async def main():
+        engine = AsyncEngine(make_engine(tiny_folder))
+        long_request = request("slow", 8, temperature=1.0, max_new_tokens=200, ignore_eos=True, seed=0)
+        good = asyncio.create_task(engine.generate(request("good", 6, temperature=1.0, max_new_tokens=8, seed=1,
+                                                           ignore_eos=True)))
+        try:
+            await asyncio.wait_for(engine.generate(long_request), timeout=0.05)
+        except asyncio.TimeoutError:
+            pass
+        bad = GenerationRequest("bad", [5, 10_000], SamplingParams(max_new_tokens=4))
+        with pytest.raises(ValueError, match="token ids"):
+            await engine.generate(bad)
+        good_result = await good
+        await wait_until(lambda: engine.num_in_flight == 0 and not engine.engine.has_unfinished())
+        blocks_used = engine.engine.block_manager.num_used_blocks
+        again = await engine.generate(GenerationRequest("slow", prompt(8), SamplingParams(max_new_tokens=3)))
+        await engine.close()
+        return good_result, blocks_used, again
+
+    good_result, blocks_used, again = asyncio.run(main())
+    assert good_result.num_response_tokens == 8 and good_result.finish_reason == "length"
+    assert blocks_used == 0  # the cancelled request was aborted and its blocks freed
+    assert again.request_id == "slow" and again.finish_reason in ("stop", "length")

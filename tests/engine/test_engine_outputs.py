@@ -22,7 +22,6 @@ def test_greedy_equals_transformers_greedy(tiny_folder):
                 for index, length in enumerate(PROMPT_LENGTHS)]
     results = engine.generate(requests)
     reference = transformers.AutoModelForCausalLM.from_pretrained(tiny_folder, dtype=torch.float32).eval()
-    num_stopped = 0
     for item, result in zip(requests, results):
         input_ids = torch.as_tensor(item.prompt_ids, dtype=torch.int64)[None]
         with torch.no_grad():
@@ -31,7 +30,6 @@ def test_greedy_equals_transformers_greedy(tiny_folder):
         expected = output[0, input_ids.shape[1]:].numpy()
         np.testing.assert_array_equal(result.response_ids, expected)
         assert result.finish_reason == ("stop" if expected[-1] == EOS_ID else "length")
-        num_stopped += result.finish_reason == "stop"
     assert len({tuple(result.response_ids) for result in results}) == len(results)
 
 

@@ -52,7 +52,8 @@ def test_paged_decode_matches_torch_paged_attention(num_splits, num_heads, num_k
                                                                 4, dtype)
     metadata = AttentionMetadata(
         write_slots=torch.zeros(0, dtype=torch.int64), write_rows=None, block_tables=tables, context_lens=lengths,
-        query_token_mask=torch.ones((len(context_lens), 1), dtype=torch.bool, device=DEVICE),
+        query_lens=torch.ones(len(context_lens), dtype=torch.int64, device=DEVICE),
+        query_token_indices=torch.arange(len(context_lens), device=DEVICE), max_query_len=1,
         max_context_len=max(context_lens), is_decode=True)
     expected = torch_paged_attention(query.float(), key_cache.float(), value_cache.float(), metadata)
     output = paged_decode_attention(query, key_cache, value_cache, tables, lengths, num_splits=num_splits, tile=16)
@@ -96,3 +97,44 @@ def test_engine_with_the_cuda_kernels_matches_the_torch_path(tiny_folder):
     for result, reference in zip(results, expected):
         assert result.response_ids.tolist() == reference.response_ids.tolist()
         assert abs(result.response_log_probs - reference.response_log_probs).max() <= 1e-4
+
+
+def test_decode_graph_buffers_padding_and_buckets_with_eager_replay(tiny_folder):
+    """`DecodeGraphs` with each CUDA graph replaced by an eager rerun of its static forward: checks the
+    static buffers, the sink-block padding, bucket choice and per-bucket context splits on this device."""
+    from asyncrl.engine.cuda_graph import DecodeGraphs
+    from asyncrl.engine.sampler import Sampler
+    from asyncrl.engine.triton_kernels import fused_sample, paged_decode_attention
+
+    from .helpers import make_engine, request
+
+    class EagerReplay:
+        def __init__(self, forward, output):
+            self.forward, self.output = forward, output
+
+        def replay(self):
+            self.output.copy_(self.forward())
+
+    class EagerDecodeGraphs(DecodeGraphs):
+        def _capture(self, bucket):
+            forward = self.static_forward(bucket)
+            self.outputs[bucket] = forward()
+            self.graphs[bucket] = EagerReplay(forward, self.outputs[bucket])
+
+    requests = [request(f"b{index}", 3 + 4 * index, offset=index, temperature=1.0, max_new_tokens=6 + 5 * index,
+                        ignore_eos=True, seed=index) for index in range(5)]
+    expected = make_engine(tiny_folder).generate(requests)
+    engine = make_engine(tiny_folder, max_num_seqs=8)
+    runner = engine.runner
+    runner.decode_kernel = paged_decode_attention
+    runner.sampler = Sampler(fused_sample)
+    runner.graphs = EagerDecodeGraphs(runner.model, runner.kv_cache, paged_decode_attention, 8,
+                                      -(-engine.max_model_len // 4), num_processors=8)
+    assert runner.graphs.buckets == [1, 2, 4, 8] and runner.graphs.num_splits_for(1) == 8
+    results = engine.generate(requests)
+    assert sorted(runner.graphs.graphs) == [1, 2, 4, 8]  # 5 running sequences shrink to 1
+    for result, reference in zip(results, expected):
+        assert result.response_ids.tolist() == reference.response_ids.tolist()
+        assert abs(result.response_log_probs - reference.response_log_probs).max() <= 1e-4
+    sink = runner.kv_cache.sink_block
+    assert runner.kv_cache.tensor[:, :, sink].abs().sum() > 0  # padding rows wrote there (and, the equal results show, nowhere else)
