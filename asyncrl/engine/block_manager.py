@@ -58,7 +58,7 @@ class BlockManager:
         if needed > self.num_free_blocks:
             raise ValueError(f"allocate needs {needed} blocks, {self.num_free_blocks} are free")
         if leader is None:
-            sequence.block_table = [self._take_block() for _ in range(needed)]
+            sequence.assign_blocks([self._take_block() for _ in range(needed)])
             return
         if leader.token_ids != sequence.token_ids:
             raise ValueError(f"sequence {sequence.sequence_id} does not hold the tokens of its leader")
@@ -66,7 +66,7 @@ class BlockManager:
         shared = leader.block_table[:num_full]
         for block_id in shared:
             self.reference_counts[block_id] += 1
-        sequence.block_table = shared + [self._take_block() for _ in range(needed)]
+        sequence.assign_blocks(shared + [self._take_block() for _ in range(needed)])
 
     def free(self, sequence: Sequence) -> None:
         """Drops the sequence's references; blocks nobody references any more become free."""
@@ -74,7 +74,7 @@ class BlockManager:
             self.reference_counts[block_id] -= 1
             if self.reference_counts[block_id] == 0:
                 self.free_block_ids.append(block_id)
-        sequence.block_table = []
+        sequence.assign_blocks([])
 
     def needs_new_block(self, sequence: Sequence) -> bool:
         """Whether the next decode step (writing position len - 1) needs one more block."""
@@ -86,7 +86,7 @@ class BlockManager:
     def append_slot(self, sequence: Sequence) -> None:
         """Makes sure position len - 1 has a block; decode writes only to blocks the sequence owns alone."""
         if self.needs_new_block(sequence):
-            sequence.block_table.append(self._take_block())
+            sequence.append_block(self._take_block())
         last_block = sequence.block_table[-1]
         if self.reference_counts[last_block] != 1:
             raise ValueError(f"sequence {sequence.sequence_id} would write into shared block {last_block}")

@@ -170,7 +170,6 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[:num_rows])
         ones = torch.ones(num_rows, device=device)
         sampling = SamplingInputs(temperatures=ones, top_k=torch.full((num_rows,), 50, device=device),
-                                  top_p=ones * 0.9, seeds=torch.zeros(num_rows, dtype=torch.int64, device=device),
-                                  positions=torch.zeros(num_rows, dtype=torch.int64, device=device),
+                                  top_p=ones * 0.9, keys=torch.zeros(num_rows, dtype=torch.int64, device=device),
                                   max_top_k=50, use_top_p=True)
         self.sampler(logits, sampling)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,14 +34,20 @@ UNIFORM_SCALE = 2.0**-24
 FusedSampleKernel = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
-def multiply_32(values: Tensor, constant: int) -> Tensor:
+# The hash functions take int64 torch tensors or numpy arrays alike: they use only integer operators. The
+# engine computes row keys on the host (S values, cheaper than ~50 tiny device kernels) and the (S, V)
+# noise on the device.
+IntArray = Tensor | np.ndarray
+
+
+def multiply_32(values: IntArray, constant: int) -> IntArray:
     """values * constant mod 2**32 for int64 values in [0, 2**32); every intermediate stays below 2**49."""
     low = values * (constant & 0xFFFF)
     high = ((values * (constant >> 16)) & 0xFFFF) << 16
     return (low + high) & MASK32
 
 
-def mix_32(values: Tensor) -> Tensor:
+def mix_32(values: IntArray) -> IntArray:
     """murmur3's 32-bit finaliser (fmix32) on int64 values in [0, 2**32)."""
     values = values ^ (values >> 16)
     values = multiply_32(values, 0x85EBCA6B)
@@ -49,7 +56,7 @@ def mix_32(values: Tensor) -> Tensor:
     return values ^ (values >> 16)
 
 
-def row_keys(seeds: Tensor, positions: Tensor) -> Tensor:
+def row_keys(seeds: IntArray, positions: IntArray) -> IntArray:
     """One 32-bit key per (seed, response position): seeds (S,) int64 in [0, 2**63), positions (S,) -> (S,)."""
     seed_low = seeds & MASK32
     seed_high = (seeds >> 32) & MASK32
@@ -77,8 +84,7 @@ class SamplingInputs:
     temperatures: Tensor  # (S,) fp32, 0 = greedy
     top_k: Tensor  # (S,) int64, -1 = off
     top_p: Tensor  # (S,) fp32, 1.0 = off
-    seeds: Tensor  # (S,) int64
-    positions: Tensor  # (S,) int64 response position of the token being sampled
+    keys: Tensor  # (S,) int64 row_keys(seed, response position of the token being sampled)
     max_top_k: int  # largest top_k of the batch, 0 when no row uses top-k
     use_top_p: bool
 
@@ -124,7 +130,7 @@ class Sampler:
 
     def __call__(self, logits: Tensor, inputs: SamplingInputs) -> tuple[Tensor, Tensor]:
         """logits (S, V) fp32 -> token ids (S,) int64, log-probs (S,) fp32."""
-        keys = row_keys(inputs.seeds, inputs.positions)  # (S,)
+        keys = inputs.keys
         temperatures = inputs.temperatures
         if inputs.max_top_k > 0 or inputs.use_top_p:
             scaled = logits / torch.where(temperatures == 0, 1.0, temperatures)[:, None]

@@ -41,10 +41,30 @@ class Sequence:
         self.token_ids: list[int] = request.prompt_ids.tolist() + request.response_ids.tolist()
         self.response_log_probs: list[float] = request.response_log_probs.tolist()
         self.response_versions: list[int] = request.response_versions.tolist()
-        self.block_table: list[int] = []
+        self._block_ids: list[int] = []
+        self._block_array = np.zeros(0, dtype=np.int32)
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.num_preemptions = 0
+
+    @property
+    def block_table(self) -> list[int]:
+        """Physical block id of each logical block. Read only: `assign_blocks` and `append_block` change it
+        together with `block_array`."""
+        return self._block_ids
+
+    @property
+    def block_array(self) -> np.ndarray:
+        """`block_table` as int32 numpy, kept in step with it: step inputs copy it without a list conversion."""
+        return self._block_array
+
+    def assign_blocks(self, block_ids: list[int]) -> None:
+        self._block_ids = list(block_ids)
+        self._block_array = np.asarray(self._block_ids, dtype=np.int32)
+
+    def append_block(self, block_id: int) -> None:
+        self._block_ids.append(block_id)
+        self._block_array = np.append(self._block_array, np.int32(block_id))
 
     def __len__(self) -> int:
         return len(self.token_ids)

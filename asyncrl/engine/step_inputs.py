@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.engine.attention import AttentionMetadata
-from asyncrl.engine.sampler import SamplingInputs
+from asyncrl.engine.sampler import SamplingInputs, row_keys
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.sequence import Sequence
 
@@ -35,16 +35,18 @@ class StepInputs:
         return int(self.last_token_indices.shape[0])
 
 
-def _slots(block_table: list[int], positions: np.ndarray, block_size: int) -> np.ndarray:
-    table = np.asarray(block_table, dtype=np.int64)
-    return table[positions // block_size] * block_size + positions % block_size
+def _slots(sequence: Sequence, positions: np.ndarray, block_size: int) -> np.ndarray:
+    """Flat cache slots of `positions` (int64) of one sequence."""
+    return sequence.block_array[positions // block_size].astype(np.int64) * block_size + positions % block_size
 
 
 def _block_tables(sequences: list[Sequence], sink_block: int) -> np.ndarray:
-    """(R, max blocks) int64, padded with the sink block."""
-    width = max(len(sequence.block_table) for sequence in sequences)
-    return np.asarray([s.block_table + [sink_block] * (width - len(s.block_table)) for s in sequences],
-                      dtype=np.int64)
+    """(R, max blocks) int32, padded with the sink block; row copies of each sequence's block array."""
+    width = max(sequence.block_array.size for sequence in sequences)
+    tables = np.full((len(sequences), width), sink_block, dtype=np.int32)
+    for row, sequence in enumerate(sequences):
+        tables[row, :sequence.block_array.size] = sequence.block_array
+    return tables
 
 
 def _upload(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, Tensor]:
@@ -70,8 +72,8 @@ def _sampling_arrays(sequences: list[Sequence]) -> dict[str, np.ndarray]:
         "temperatures": np.asarray([s.params.temperature for s in sequences], dtype=np.float32),
         "top_k": np.asarray([s.params.top_k for s in sequences], dtype=np.int64),
         "top_p": np.asarray([s.params.top_p for s in sequences], dtype=np.float32),
-        "seeds": np.asarray([s.seed for s in sequences], dtype=np.int64),
-        "sample_positions": np.asarray([s.num_response_tokens for s in sequences], dtype=np.int64),
+        "keys": row_keys(np.asarray([s.seed for s in sequences], dtype=np.int64),
+                         np.asarray([s.num_response_tokens for s in sequences], dtype=np.int64)),
     }
 
 
@@ -82,7 +84,7 @@ def _prefill_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> 
     lengths = np.asarray([len(leader) for leader in leaders], dtype=np.int64)  # (R,)
     starts = np.concatenate([[0], np.cumsum(lengths)])  # (R + 1,)
     positions = np.concatenate([np.arange(length) for length in lengths])
-    slots = [_slots(leader.block_table, np.arange(len(leader)), block_size) for leader in leaders]
+    slots = [_slots(leader, np.arange(len(leader)), block_size) for leader in leaders]
     rows = [np.arange(starts[-1])]
     for index, sequence in enumerate(batch.sequences):
         row = row_of_leader[batch.leader_indices[index]]
@@ -90,14 +92,14 @@ def _prefill_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> 
         if batch.leader_indices[index] != index and tail:
             tail_positions = np.arange(len(sequence) - tail, len(sequence))
             rows.append(starts[row] + tail_positions)
-            slots.append(_slots(sequence.block_table, tail_positions, block_size))
+            slots.append(_slots(sequence, tail_positions, block_size))
     leader_rows = np.asarray([row_of_leader[leader] for leader in batch.leader_indices], dtype=np.int64)
     return {
         "input_ids": np.concatenate([np.asarray(leader.token_ids, dtype=np.int64) for leader in leaders]),
         "positions": positions,
         "write_slots": np.concatenate(slots),
         "write_rows": np.concatenate(rows),
-        "block_tables": _block_tables(leaders, sink_block).astype(np.int32),
+        "block_tables": _block_tables(leaders, sink_block),
         "context_lens": lengths.astype(np.int32),
         "query_lens": lengths,
         "query_token_indices": np.concatenate([row * lengths.max() + np.arange(length)
@@ -108,14 +110,14 @@ def _prefill_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> 
 
 def _decode_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> dict[str, np.ndarray]:
     sequences = batch.sequences
-    positions = [len(s) - 1 for s in sequences]
-    slots = [s.block_table[p // block_size] * block_size + p % block_size for s, p in zip(sequences, positions)]
-    positions = np.asarray(positions, dtype=np.int64)
+    positions = np.asarray([len(s) - 1 for s in sequences], dtype=np.int64)
+    block_tables = _block_tables(sequences, sink_block)  # (S, W)
+    current_blocks = block_tables[np.arange(len(sequences)), positions // block_size].astype(np.int64)
     return {
         "input_ids": np.asarray([s.last_token_id for s in sequences], dtype=np.int64),
         "positions": positions,
-        "write_slots": np.asarray(slots, dtype=np.int64),
-        "block_tables": _block_tables(sequences, sink_block).astype(np.int32),
+        "write_slots": current_blocks * block_size + positions % block_size,
+        "block_tables": block_tables,
         "context_lens": (positions + 1).astype(np.int32),
         "query_lens": np.ones(len(sequences), dtype=np.int64),
         "query_token_indices": np.arange(len(sequences), dtype=np.int64),
@@ -142,7 +144,7 @@ def build_step_inputs(batch: ScheduledBatch, block_size: int, sink_block: int, d
         is_decode=not batch.is_prefill, num_splits=num_splits)
     sampling = SamplingInputs(
         temperatures=tensors["temperatures"], top_k=tensors["top_k"], top_p=tensors["top_p"],
-        seeds=tensors["seeds"], positions=tensors["sample_positions"], max_top_k=max(max(top_k), 0),
+        keys=tensors["keys"], max_top_k=max(max(top_k), 0),
         use_top_p=use_top_p)
     return StepInputs(tensors["input_ids"], tensors["positions"], attention, tensors["last_token_indices"],
                       sampling, is_decode=not batch.is_prefill)

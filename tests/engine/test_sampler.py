@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from asyncrl.engine.sampler import (Sampler, SamplingInputs, gumbel_noise, mix_32, row_keys, sample_reference,
@@ -19,13 +20,12 @@ def fmix32_python(value: int) -> int:
     return value ^ (value >> 16)
 
 
-def make_inputs(count: int, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0, seeds=None,
-                positions=None) -> SamplingInputs:
+def make_inputs(count: int, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0) -> SamplingInputs:
+    """`count` rows with seeds 0 .. count - 1 at response position 0."""
     return SamplingInputs(
         temperatures=torch.full((count,), temperature), top_k=torch.full((count,), top_k, dtype=torch.int64),
         top_p=torch.full((count,), top_p),
-        seeds=torch.as_tensor(seeds if seeds is not None else range(count), dtype=torch.int64),
-        positions=torch.as_tensor(positions if positions is not None else [0] * count, dtype=torch.int64),
+        keys=row_keys(torch.arange(count), torch.zeros(count, dtype=torch.int64)),
         max_top_k=max(top_k, 0), use_top_p=top_p < 1.0)
 
 
@@ -37,8 +37,11 @@ def test_mix_32_equals_the_murmur3_finaliser():
 
 
 def test_noise_depends_only_on_seed_and_position():
-    keys = row_keys(torch.tensor([5, 5, 6, 2**62 + 5]), torch.tensor([3, 4, 3, 3]))
+    seeds, positions = [5, 5, 6, 2**62 + 5], [3, 4, 3, 3]
+    keys = row_keys(torch.tensor(seeds), torch.tensor(positions))
     assert len(set(keys.tolist())) == 4  # seed, position and the high seed bits all matter
+    # The host (numpy) computes the same keys as the device.
+    assert row_keys(np.asarray(seeds, dtype=np.int64), np.asarray(positions, dtype=np.int64)).tolist() == keys.tolist()
     alone = gumbel_noise(keys[1:2], 50)
     in_batch = gumbel_noise(keys, 50)
     assert torch.equal(alone[0], in_batch[1])
