@@ -23,7 +23,7 @@ from asyncrl.engine.kv_cache import (CUDA_GRAPH_RESERVE_BYTES, MIB, GpuMemoryPla
                                      plan_gpu_kv_cache)
 from asyncrl.engine.sampler import FusedSampleKernel, Sampler, SamplingInputs
 from asyncrl.engine.scheduler import ScheduledBatch
-from asyncrl.engine.step_inputs import StepInputs, build_step_inputs
+from asyncrl.engine.step_inputs import BlockTableCache, StepInputs, build_step_inputs
 from asyncrl.models.transformer import CausalLM
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ class ModelRunner:
         self.memory_plan: GpuMemoryPlan | None = None
         self.kv_cache = KVCache(model.config, self._plan_num_blocks(), self.block_size, config.model_dtype,
                                 self.device)
+        self.block_tables_cache = BlockTableCache(self.kv_cache.sink_block)
         self.graphs: DecodeGraphs | None = None
         if config.use_cuda_graphs:
             max_blocks = -(-max_model_len // self.block_size)
@@ -75,7 +76,7 @@ class ModelRunner:
             return self._run(batch)
 
     def _run(self, batch: ScheduledBatch) -> tuple[list[int], list[float]]:
-        inputs = build_step_inputs(batch, self.block_size, self.kv_cache.sink_block, self.device,
+        inputs = build_step_inputs(batch, self.block_size, self.block_tables_cache, self.device,
                                    self._num_splits(batch))
         hidden = self._forward(inputs)  # (S, hidden) at each sequence's last token
         logits = self.model.compute_logits(hidden)  # (S, V) fp32

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 
 import numpy as np
 
 from asyncrl.engine.request import GenerationRequest, GenerationResult, SamplingParams
+
+
+# Every change of any block table gets a new number, so a cached copy of a table is stale exactly when the
+# numbers differ (see `step_inputs.BlockTableCache`).
+_block_table_versions = itertools.count(1)
 
 
 class SequenceStatus(enum.Enum):
@@ -43,6 +49,7 @@ class Sequence:
         self.response_versions: list[int] = request.response_versions.tolist()
         self._block_ids: list[int] = []
         self._block_array = np.zeros(0, dtype=np.int32)
+        self.block_table_version = 0
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.num_preemptions = 0
@@ -61,10 +68,12 @@ class Sequence:
     def assign_blocks(self, block_ids: list[int]) -> None:
         self._block_ids = list(block_ids)
         self._block_array = np.asarray(self._block_ids, dtype=np.int32)
+        self.block_table_version = next(_block_table_versions)
 
     def append_block(self, block_id: int) -> None:
         self._block_ids.append(block_id)
         self._block_array = np.append(self._block_array, np.int32(block_id))
+        self.block_table_version = next(_block_table_versions)
 
     def __len__(self) -> int:
         return len(self.token_ids)

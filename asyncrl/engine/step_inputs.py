@@ -40,13 +40,39 @@ def _slots(sequence: Sequence, positions: np.ndarray, block_size: int) -> np.nda
     return sequence.block_array[positions // block_size].astype(np.int64) * block_size + positions % block_size
 
 
-def _block_tables(sequences: list[Sequence], sink_block: int) -> np.ndarray:
-    """(R, max blocks) int32, padded with the sink block; row copies of each sequence's block array."""
-    width = max(sequence.block_array.size for sequence in sequences)
+def _block_tables(sequences: list[Sequence], sink_block: int, width: int | None = None) -> np.ndarray:
+    """(R, width or max blocks) int32, padded with the sink block; row copies of each block array."""
+    width = width or max(sequence.block_array.size for sequence in sequences)
     tables = np.full((len(sequences), width), sink_block, dtype=np.int32)
     for row, sequence in enumerate(sequences):
         tables[row, :sequence.block_array.size] = sequence.block_array
     return tables
+
+
+class BlockTableCache:
+    """The previous decode step's block-table matrix, reused row by row: consecutive decode steps mostly
+    run the same sequences, and a row changes only when its sequence's `block_table_version` does (once
+    every block_size tokens), so only those rows are rewritten instead of all S x W entries."""
+
+    def __init__(self, sink_block: int) -> None:
+        self.sink_block = sink_block
+        self.tables = np.zeros((0, 0), dtype=np.int32)  # (S, capacity width)
+        self.versions = np.zeros(0, dtype=np.int64)  # (S,) block_table_version of each cached row
+
+    def build(self, sequences: list[Sequence]) -> np.ndarray:
+        """(S, max blocks) int32 block tables of `sequences`, padded with the sink block."""
+        versions = np.fromiter((s.block_table_version for s in sequences), dtype=np.int64, count=len(sequences))
+        width = max(sequence.block_array.size for sequence in sequences)
+        if versions.size != self.versions.size or width > self.tables.shape[1]:
+            # Room to grow: a full rebuild then serves the next block_size x 8 tokens of every row.
+            self.tables = _block_tables(sequences, self.sink_block, width + 8)
+        else:
+            for row in np.flatnonzero(versions != self.versions):
+                blocks = sequences[row].block_array
+                self.tables[row, :blocks.size] = blocks
+                self.tables[row, blocks.size:] = self.sink_block
+        self.versions = versions
+        return self.tables[:, :width]
 
 
 def _upload(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, Tensor]:
@@ -108,10 +134,10 @@ def _prefill_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> 
     }
 
 
-def _decode_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> dict[str, np.ndarray]:
+def _decode_arrays(batch: ScheduledBatch, block_size: int, block_tables_cache: BlockTableCache) -> dict[str, np.ndarray]:
     sequences = batch.sequences
     positions = np.asarray([len(s) - 1 for s in sequences], dtype=np.int64)
-    block_tables = _block_tables(sequences, sink_block)  # (S, W)
+    block_tables = block_tables_cache.build(sequences)  # (S, W)
     current_blocks = block_tables[np.arange(len(sequences)), positions // block_size].astype(np.int64)
     return {
         "input_ids": np.asarray([s.last_token_id for s in sequences], dtype=np.int64),
@@ -125,13 +151,13 @@ def _decode_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> d
     }
 
 
-def build_step_inputs(batch: ScheduledBatch, block_size: int, sink_block: int, device: torch.device,
-                      num_splits: int = 1) -> StepInputs:
+def build_step_inputs(batch: ScheduledBatch, block_size: int, block_tables_cache: BlockTableCache,
+                      device: torch.device, num_splits: int = 1) -> StepInputs:
     """The device inputs of `batch`; `num_splits` is the decode kernel's context split count."""
     if batch.is_prefill:
-        arrays = _prefill_arrays(batch, block_size, sink_block)
+        arrays = _prefill_arrays(batch, block_size, block_tables_cache.sink_block)
     else:
-        arrays = _decode_arrays(batch, block_size, sink_block)
+        arrays = _decode_arrays(batch, block_size, block_tables_cache)
     max_context_len = int(arrays["context_lens"].max())
     top_k = [s.params.top_k for s in batch.sequences]
     use_top_p = any(s.params.top_p < 1.0 for s in batch.sequences)

@@ -125,3 +125,23 @@ def test_shared_prefix_decoding_matches_unshared(tiny_folder, num_prompt_tokens)
     for together, alone in zip(shared, unshared):
         np.testing.assert_array_equal(together.response_ids, alone.response_ids)
         np.testing.assert_allclose(together.response_log_probs, alone.response_log_probs, atol=1e-5)
+
+
+def test_block_table_cache_rewrites_exactly_the_changed_rows():
+    from asyncrl.engine.step_inputs import BlockTableCache, _block_tables
+
+    manager = BlockManager(num_blocks=64, block_size=4)
+    sequences = [make_sequence(index, 5 + 4 * index, offset=index) for index in range(3)]
+    for sequence in sequences:
+        manager.allocate(sequence)
+    cache = BlockTableCache(sink_block=64)
+    np.testing.assert_array_equal(cache.build(sequences), _block_tables(sequences, 64))
+    sequences[0].append_block(40)  # grows by one block
+    # Freed and reallocated with the same number of blocks (a preempted sequence after wake): new ids.
+    old_table = list(sequences[2].block_table)
+    manager.free(sequences[2])
+    manager.allocate(make_sequence(7, 30, offset=7))
+    manager.allocate(sequences[2])
+    assert len(sequences[2].block_table) == len(old_table) and sequences[2].block_table != old_table
+    np.testing.assert_array_equal(cache.build(sequences), _block_tables(sequences, 64))
+    np.testing.assert_array_equal(cache.build(sequences[:2]), _block_tables(sequences[:2], 64))
