@@ -222,8 +222,10 @@ def run_engine_benchmark(model: str | Path | TransformerConfig = "qwen2.5-0.5b",
     (random weights). `device` defaults to CUDA when present, `dtype` to bf16 on CUDA and fp32 on CPU."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
-    prompt_lengths = prompt_lengths if isinstance(prompt_lengths, LengthDistribution) else LengthDistribution.parse(prompt_lengths)
-    output_lengths = output_lengths if isinstance(output_lengths, LengthDistribution) else LengthDistribution.parse(output_lengths)
+    if not isinstance(prompt_lengths, LengthDistribution):
+        prompt_lengths = LengthDistribution.parse(prompt_lengths)
+    if not isinstance(output_lengths, LengthDistribution):
+        output_lengths = LengthDistribution.parse(output_lengths)
     folder = None
     if isinstance(model, TransformerConfig):
         ours, name = random_model(model, dtype, device, seed), f"random {model.model_type}"

@@ -73,7 +73,6 @@ def torch_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
     Each row's context (its first `context_lens[r]` cached positions) is gathered block by block; the new
     tokens of a row are its last positions, so query t of a row with q new tokens and context c sits at
     position c - q + t and sees keys 0 .. c - q + t."""
-    num_rows = metadata.block_tables.shape[0]
     block_size = key_cache.shape[1]
     num_blocks = -(-metadata.max_context_len // block_size)
     tables = metadata.block_tables[:, :num_blocks].long()  # (R, B)

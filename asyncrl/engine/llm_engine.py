@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from asyncrl.engine.block_manager import BlockManager, num_blocks_for
@@ -67,6 +66,11 @@ class LLMEngine:
         self._finished_at_admission: list[Sequence] = []
         self._is_sleeping = False
         self.last_step: StepSummary | None = None
+        if self.config.max_num_batched_tokens < self.max_model_len:
+            # A recomputed sequence is prefilled whole (no chunked prefill), beyond the profiled activations.
+            logger.warning("max_num_batched_tokens %d < max_model_len %d: a long sequence is still prefilled in "
+                           "one step and may need more activation memory than profiled",
+                           self.config.max_num_batched_tokens, self.max_model_len)
         logger.info("KV cache: %d blocks x %d tokens = %d tokens (%s, %s); max_model_len %d",
                     self.num_kv_blocks, self.config.block_size, self.kv_capacity_tokens, self.config.model_dtype,
                     self.runner.device, self.max_model_len)
@@ -97,19 +101,7 @@ class LLMEngine:
 
     def add_request(self, request: GenerationRequest) -> None:
         """Queues a request; a resumed one continues from its response so far within the original budget."""
-        if request.request_id in self._sequences:
-            raise ValueError(f"request {request.request_id!r} is already in flight")
-        num_prompt_tokens = int(request.prompt_ids.size)
-        if num_prompt_tokens >= self.max_model_len:
-            raise ValueError(f"request {request.request_id!r}: prompt of {num_prompt_tokens} tokens leaves no room "
-                             f"under max_model_len {self.max_model_len}")
-        token_ids = np.concatenate([request.prompt_ids, request.response_ids])
-        if int(token_ids.min()) < 0 or int(token_ids.max()) >= self.model_config.vocab_size:
-            raise ValueError(f"request {request.request_id!r}: token ids must be in [0, {self.model_config.vocab_size})")
-        max_tokens = min(num_prompt_tokens + request.params.max_new_tokens, self.max_model_len)
-        if num_blocks_for(max_tokens, self.config.block_size) > self.num_kv_blocks:
-            raise ValueError(f"request {request.request_id!r} may reach {max_tokens} tokens, more than the KV cache "
-                             f"holds ({self.kv_capacity_tokens}); lower max_new_tokens or enlarge the cache")
+        self._validate(request)
         sequence = Sequence(self._next_sequence_id, request)
         self._next_sequence_id += 1
         self._sequences[request.request_id] = sequence
@@ -119,6 +111,23 @@ class LLMEngine:
             self._finished_at_admission.append(sequence)
         else:
             self.scheduler.add(sequence)
+
+    def _validate(self, request: GenerationRequest) -> None:
+        name = f"request {request.request_id!r}"
+        if request.request_id in self._sequences:
+            raise ValueError(f"{name} is already in flight")
+        num_prompt_tokens = int(request.prompt_ids.size)
+        if num_prompt_tokens >= self.max_model_len:
+            raise ValueError(f"{name}: prompt of {num_prompt_tokens} tokens leaves no room under max_model_len "
+                             f"{self.max_model_len}")
+        token_ids = np.concatenate([request.prompt_ids, request.response_ids])
+        vocab_size = self.model_config.vocab_size
+        if int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size:
+            raise ValueError(f"{name}: token ids must be in [0, {vocab_size})")
+        max_tokens = min(num_prompt_tokens + request.params.max_new_tokens, self.max_model_len)
+        if num_blocks_for(max_tokens, self.config.block_size) > self.num_kv_blocks:
+            raise ValueError(f"{name} may reach {max_tokens} tokens, more than the KV cache holds "
+                             f"({self.kv_capacity_tokens}); lower max_new_tokens or enlarge the cache")
 
     def step(self) -> list[GenerationResult]:
         """Runs one prefill or decode step; returns the requests that finished in it."""

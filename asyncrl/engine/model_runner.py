@@ -121,7 +121,8 @@ class ModelRunner:
             return self.config.num_kv_blocks
         if not self.config.is_cuda:
             return self.config.cpu_kv_cache_mb * MIB // block_bytes
-        self.memory_plan = self._profile_memory()
+        with self.device_guard():
+            self.memory_plan = self._profile_memory()
         logger.info("engine memory: %s", self.memory_plan.describe())
         num_blocks = self.memory_plan.kv_cache_bytes // block_bytes
         if num_blocks <= 0:
@@ -152,7 +153,9 @@ class ModelRunner:
         logits and top-k/top-p sampling for max_num_seqs rows."""
         num_tokens = self.config.max_num_batched_tokens
         row_length = min(self.max_model_len, num_tokens)
-        lengths = [row_length] * (num_tokens // row_length) + ([num_tokens % row_length] if num_tokens % row_length else [])
+        lengths = [row_length] * (num_tokens // row_length)
+        if num_tokens % row_length:
+            lengths.append(num_tokens % row_length)
         device, lengths_tensor = self.device, torch.tensor(lengths, device=self.device)
         token_indices = torch.cat([row * row_length + torch.arange(length, device=device)
                                    for row, length in enumerate(lengths)])

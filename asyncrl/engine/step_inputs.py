@@ -134,7 +134,8 @@ def _prefill_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> 
     }
 
 
-def _decode_arrays(batch: ScheduledBatch, block_size: int, block_tables_cache: BlockTableCache) -> dict[str, np.ndarray]:
+def _decode_arrays(batch: ScheduledBatch, block_size: int, block_tables_cache: BlockTableCache
+                   ) -> dict[str, np.ndarray]:
     sequences = batch.sequences
     positions = np.asarray([len(s) - 1 for s in sequences], dtype=np.int64)
     block_tables = block_tables_cache.build(sequences)  # (S, W)
@@ -158,19 +159,17 @@ def build_step_inputs(batch: ScheduledBatch, block_size: int, block_tables_cache
         arrays = _prefill_arrays(batch, block_size, block_tables_cache.sink_block)
     else:
         arrays = _decode_arrays(batch, block_size, block_tables_cache)
-    max_context_len = int(arrays["context_lens"].max())
-    top_k = [s.params.top_k for s in batch.sequences]
-    use_top_p = any(s.params.top_p < 1.0 for s in batch.sequences)
-    tensors = _upload({**arrays, **_sampling_arrays(batch.sequences)}, device)
+    sampling_arrays = _sampling_arrays(batch.sequences)
+    tensors = _upload({**arrays, **sampling_arrays}, device)
     attention = AttentionMetadata(
         write_slots=tensors["write_slots"], write_rows=tensors["write_rows"] if batch.is_prefill else None,
         block_tables=tensors["block_tables"], context_lens=tensors["context_lens"],
         query_lens=tensors["query_lens"], query_token_indices=tensors["query_token_indices"],
-        max_query_len=int(arrays["query_lens"].max()), max_context_len=max_context_len,
+        max_query_len=int(arrays["query_lens"].max()), max_context_len=int(arrays["context_lens"].max()),
         is_decode=not batch.is_prefill, num_splits=num_splits)
     sampling = SamplingInputs(
-        temperatures=tensors["temperatures"], top_k=tensors["top_k"], top_p=tensors["top_p"],
-        keys=tensors["keys"], max_top_k=max(max(top_k), 0),
-        use_top_p=use_top_p)
+        temperatures=tensors["temperatures"], top_k=tensors["top_k"], top_p=tensors["top_p"], keys=tensors["keys"],
+        max_top_k=max(int(sampling_arrays["top_k"].max()), 0),
+        use_top_p=bool((sampling_arrays["top_p"] < 1.0).any()))
     return StepInputs(tensors["input_ids"], tensors["positions"], attention, tensors["last_token_indices"],
                       sampling, is_decode=not batch.is_prefill)

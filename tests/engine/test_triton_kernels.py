@@ -137,4 +137,5 @@ def test_decode_graph_buffers_padding_and_buckets_with_eager_replay(tiny_folder)
         assert result.response_ids.tolist() == reference.response_ids.tolist()
         assert abs(result.response_log_probs - reference.response_log_probs).max() <= 1e-4
     sink = runner.kv_cache.sink_block
-    assert runner.kv_cache.tensor[:, :, sink].abs().sum() > 0  # padding rows wrote there (and, the equal results show, nowhere else)
+    # Padding rows wrote into the sink block (and, as the equal results show, nowhere else).
+    assert runner.kv_cache.tensor[:, :, sink].abs().sum() > 0
