@@ -5,7 +5,9 @@ Each step is a prefill or a decode:
   blocks allow; every admitted sequence is computed from position 0 (fresh, or recomputed after a
   preemption). Waiting sequences with exactly the same tokens (the n responses of one prompt) form a group:
   the tokens are computed once for the first one, the leader, and the others share its full blocks.
-  The first sequence of a step is admitted even if it alone exceeds `max_num_batched_tokens`.
+  The first sequence of a step is admitted even if it alone exceeds `max_num_batched_tokens`. While
+  sequences are running, admission leaves 1% of the blocks free for their next tokens, so that a
+  sequence just preempted is not readmitted at once only to be preempted again.
 - decode: one new token for every running sequence. When no block is free for a sequence's next token,
   the most recently admitted sequence is preempted by recompute: its blocks are freed and it goes back to
   the front of the waiting queue with its generated tokens kept.
@@ -48,6 +50,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()  # in admission order: the last one is preempted first
         self.num_preemptions = 0
+        self.watermark_blocks = block_manager.num_blocks // 100
 
     def add(self, sequence: Sequence) -> None:
         self.waiting.append(sequence)
@@ -75,7 +78,9 @@ class Scheduler:
             num_new_tokens = 0 if leader is not None else len(sequence)
             if sequences and num_batched_tokens + num_new_tokens > self.max_num_batched_tokens:
                 break
-            if self.block_manager.num_blocks_to_allocate(sequence, leader) > self.block_manager.num_free_blocks:
+            reserved = self.watermark_blocks if self.running else 0
+            needed = self.block_manager.num_blocks_to_allocate(sequence, leader)
+            if needed > self.block_manager.num_free_blocks - reserved:
                 break
             self.block_manager.allocate(sequence, leader)
             self.waiting.popleft()

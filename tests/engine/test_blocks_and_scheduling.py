@@ -145,3 +145,16 @@ def test_block_table_cache_rewrites_exactly_the_changed_rows():
     assert len(sequences[2].block_table) == len(old_table) and sequences[2].block_table != old_table
     np.testing.assert_array_equal(cache.build(sequences), _block_tables(sequences, 64))
     np.testing.assert_array_equal(cache.build(sequences[:2]), _block_tables(sequences[:2], 64))
+
+
+def test_admission_keeps_a_one_percent_watermark_while_sequences_run():
+    manager = BlockManager(num_blocks=200, block_size=4)
+    scheduler = Scheduler(manager, max_num_seqs=8, max_num_batched_tokens=1000, eos_token_ids=frozenset(),
+                          max_model_len=1000)
+    assert scheduler.watermark_blocks == 2
+    scheduler.add(make_sequence(0, 4 * 190))  # 190 blocks: admitted, nothing was running
+    scheduler.add(make_sequence(1, 4 * 9, offset=1))  # 9 blocks of the 10 free: would leave 1 < 2
+    batch = scheduler.schedule()
+    assert [sequence.sequence_id for sequence in batch.sequences] == [0] and len(scheduler.waiting) == 1
+    scheduler.waiting[0].token_ids = scheduler.waiting[0].token_ids[:4 * 8]  # 8 blocks leave exactly 2
+    assert [sequence.sequence_id for sequence in scheduler.schedule().sequences] == [1]
