@@ -118,7 +118,8 @@ class DecodeGraphs:
         forward()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: CUDA calls of other threads (an asyncio loop, a colocated trainer) do not break capture.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             self.outputs[bucket] = forward()
         if self.pool is None:
             self.pool = graph.pool()

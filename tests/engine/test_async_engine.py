@@ -49,7 +49,7 @@ def test_generate_and_as_completed_equal_the_sync_engine(tiny_folder):
 
 
 def test_abort_then_resume_equals_an_uninterrupted_run(tiny_folder):
-    params = SamplingParams(temperature=1.0, max_new_tokens=40, ignore_eos=True, seed=21)
+    params = SamplingParams(temperature=1.0, max_new_tokens=80, ignore_eos=True, seed=21)
     original = GenerationRequest("long", prompt(10), params)
     expected = make_engine(tiny_folder).generate([original])[0]
 
@@ -68,20 +68,20 @@ def test_abort_then_resume_equals_an_uninterrupted_run(tiny_folder):
     aborted, from_generate, resumed = asyncio.run(main())
     assert len(aborted) == 1 and aborted[0].finish_reason == from_generate.finish_reason == "abort"
     num_before = from_generate.num_response_tokens
-    assert 5 <= num_before < 40
+    assert 5 <= num_before < 80
     np.testing.assert_array_equal(aborted[0].response_ids, from_generate.response_ids)
-    assert resumed.num_response_tokens == 40 and resumed.finish_reason == "length"
+    assert resumed.num_response_tokens == 80 and resumed.finish_reason == "length"
     np.testing.assert_array_equal(resumed.response_ids, expected.response_ids)
     np.testing.assert_allclose(resumed.response_log_probs, expected.response_log_probs, atol=1e-5)
-    np.testing.assert_array_equal(resumed.response_versions, [0] * num_before + [1] * (40 - num_before))
+    np.testing.assert_array_equal(resumed.response_versions, [0] * num_before + [1] * (80 - num_before))
 
 
 def test_pause_stops_stepping_and_resume_finishes_identically(tiny_folder):
-    expected = {result.request_id: result for result in make_engine(tiny_folder).generate(sampled_requests(3, 60))}
+    expected = {result.request_id: result for result in make_engine(tiny_folder).generate(sampled_requests(3, 120))}
 
     async def main():
         engine = AsyncEngine(make_engine(tiny_folder))
-        tasks = [asyncio.create_task(engine.generate(item)) for item in sampled_requests(3, 60)]
+        tasks = [asyncio.create_task(engine.generate(item)) for item in sampled_requests(3, 120)]
         await wait_until(lambda: longest_response(engine) >= 3)
         await engine.pause()
         progress = [len(sequence) for sequence in engine.engine.scheduler.running]
@@ -99,11 +99,11 @@ def test_pause_stops_stepping_and_resume_finishes_identically(tiny_folder):
 
 
 def test_update_weights_and_sleep_while_requests_run(tiny_folder):
-    expected = {result.request_id: result for result in make_engine(tiny_folder).generate(sampled_requests(3, 50))}
+    expected = {result.request_id: result for result in make_engine(tiny_folder).generate(sampled_requests(3, 120))}
 
     async def main():
         engine = AsyncEngine(make_engine(tiny_folder))
-        tasks = [asyncio.create_task(engine.generate(item)) for item in sampled_requests(3, 50)]
+        tasks = [asyncio.create_task(engine.generate(item)) for item in sampled_requests(3, 120)]
         await wait_until(lambda: longest_response(engine) >= 4)
         await engine.update_weights(iter_named_tensors(engine.engine.model), version=2)  # not paused
         await engine.sleep()

@@ -1,5 +1,5 @@
-"""The CUDA path end to end (skipped without a GPU): memory planning, CUDA graphs against eager, weight
-updates under graphs, sleep / wake recapture, and agreement with the CPU fp32 engine.
+"""The CUDA path end to end (skipped without a GPU): memory planning, graphs and eager against the CPU fp32
+engine and (bf16) against a dense forward, weight updates under graphs, sleep / wake recapture.
 
     python -m pytest tests/engine/test_cuda_engine.py -q
 """
@@ -26,8 +26,8 @@ def wide_folder(tmp_path_factory):
 
 
 def requests_for(count: int, max_new_tokens: int = 40, temperature: float = 1.0) -> list[GenerationRequest]:
-    # Two groups of identical prompts exercise prefix sharing; lengths cross block boundaries.
-    return [GenerationRequest(f"c{index}", prompt(3 + 7 * (index % 5), offset=index % 3),
+    # Four groups of identical prompts exercise prefix sharing; lengths cross block boundaries.
+    return [GenerationRequest(f"c{index}", prompt(3 + 7 * (index % 4), offset=index % 4),
                               SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, ignore_eos=True,
                                              seed=index)) for index in range(count)]
 
@@ -61,20 +61,28 @@ def test_cuda_fp32_matches_cpu_engine(folder_name, request):
         np.testing.assert_allclose(first_tokens, [result.response_log_probs[0] for result in expected], atol=1e-3)
 
 
-def test_cuda_graphs_equal_eager_and_log_probs_equal_dense_bf16(wide_folder):
-    eager = cuda_engine(wide_folder, dtype=torch.bfloat16, enforce_eager=True).generate(requests_for(40))
-    engine = cuda_engine(wide_folder, dtype=torch.bfloat16)
-    graphed = engine.generate(requests_for(40))
-    assert engine.runner.graphs is not None and len(engine.runner.graphs.graphs) > 0
-    assert token_agreement(graphed, eager) >= 0.9
+def dense_log_probs_cuda(model, result) -> np.ndarray:
+    """Teacher-forced log_softmax at the response positions from one dense forward (temperature 1)."""
+    ids = torch.as_tensor(np.concatenate([result.prompt_ids, result.response_ids]), device="cuda")[None]
+    with torch.no_grad():
+        logits = model.compute_logits(model(ids, torch.arange(ids.shape[1], device="cuda")[None]))[0]
+    log_probs = torch.log_softmax(logits[result.prompt_ids.size - 1:-1], dim=-1)
+    return log_probs.gather(1, ids[0, result.prompt_ids.size:, None]).squeeze(1).cpu().numpy()
+
+
+def test_bf16_log_probs_match_a_dense_forward_with_and_without_graphs(wide_folder):
+    """In bf16 sampled tokens may diverge between paths (near-ties round differently), so each path is
+    checked against a teacher-forced dense forward of its own tokens."""
     model = load_model(wide_folder, dtype=torch.bfloat16, device="cuda")
-    for result in graphed[:8]:
-        ids = torch.as_tensor(np.concatenate([result.prompt_ids, result.response_ids]), device="cuda")[None]
-        with torch.no_grad():
-            logits = model.compute_logits(model(ids, torch.arange(ids.shape[1], device="cuda")[None]))[0]
-        log_probs = torch.log_softmax(logits[result.prompt_ids.size - 1:-1], dim=-1)
-        expected = log_probs.gather(1, ids[0, result.prompt_ids.size:, None]).squeeze(1).cpu().numpy()
-        assert np.abs(result.response_log_probs - expected).mean() < 0.05
+    for enforce_eager in (True, False):
+        engine = cuda_engine(wide_folder, dtype=torch.bfloat16, enforce_eager=enforce_eager)
+        results = engine.generate(requests_for(40))
+        assert (engine.runner.graphs is None) == enforce_eager
+        if not enforce_eager:
+            assert len(engine.runner.graphs.graphs) > 0
+        differences = [np.abs(result.response_log_probs - dense_log_probs_cuda(model, result)).mean()
+                       for result in results[:8]]
+        assert max(differences) < 0.05, differences
 
 
 def test_update_weights_keeps_graphs_valid_and_sleep_wake_recaptures(tiny_folder, tmp_path):
