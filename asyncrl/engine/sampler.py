@@ -89,21 +89,24 @@ class SamplingInputs:
     use_top_p: bool
 
 
-def truncation_thresholds(scaled: Tensor, inputs: SamplingInputs) -> Tensor:
-    """scaled logits (S, V) -> (S,) smallest scaled logit a row may sample (-inf: no truncation).
+def truncation_thresholds(logits: Tensor, inputs: SamplingInputs) -> Tensor:
+    """logits (S, V) -> (S,) smallest RAW logit a row may sample (-inf: no truncation).
 
     top-k keeps logits >= the k-th largest; top-p then keeps the smallest set of most likely tokens whose
-    probability (renormalised after top-k) reaches top_p. Ties at a threshold are kept."""
-    thresholds = torch.full_like(scaled[:, 0], float("-inf"))
+    probability at the row's temperature (renormalised after top-k) reaches top_p. Ties at a threshold are
+    kept. Thresholds are raw logits, not scaled ones, so that comparing them needs no division whose
+    rounding could differ between the torch path and the kernel."""
+    thresholds = torch.full_like(logits[:, 0], float("-inf"))
     if inputs.max_top_k > 0:
-        num_kept = min(inputs.max_top_k, scaled.shape[1])
-        top_values = scaled.topk(num_kept, dim=-1).values  # (S, k) descending
+        num_kept = min(inputs.max_top_k, logits.shape[1])
+        top_values = logits.topk(num_kept, dim=-1).values  # (S, k) descending
         kth = (inputs.top_k.clamp(1, num_kept) - 1)[:, None]
         thresholds = torch.where(inputs.top_k > 0, top_values.gather(1, kth).squeeze(1), thresholds)
     if inputs.use_top_p:
-        masked = scaled.masked_fill(scaled < thresholds[:, None], float("-inf"))
+        masked = logits.masked_fill(logits < thresholds[:, None], float("-inf"))
         sorted_values = masked.sort(dim=-1, descending=True).values  # (S, V)
-        probs = sorted_values.softmax(dim=-1)
+        divisors = torch.where(inputs.temperatures == 0, 1.0, inputs.temperatures)[:, None]
+        probs = (sorted_values / divisors).softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs
         num_kept = (mass_before < inputs.top_p[:, None]).sum(dim=-1).clamp(min=1)  # (S,)
         top_p_thresholds = sorted_values.gather(1, (num_kept - 1)[:, None]).squeeze(1)
@@ -112,11 +115,12 @@ def truncation_thresholds(scaled: Tensor, inputs: SamplingInputs) -> Tensor:
 
 
 def sample_reference(logits: Tensor, temperatures: Tensor, thresholds: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-    """The torch path: logits (S, V) fp32 -> token ids (S,) int64 and their log-probs (S,) fp32."""
+    """The torch path: logits (S, V) fp32, thresholds (S,) raw logits -> token ids (S,) int64 and their
+    log-probs (S,) fp32."""
     is_greedy = temperatures == 0
     scaled = logits / torch.where(is_greedy, 1.0, temperatures)[:, None]
     scores = torch.where(is_greedy[:, None], scaled, scaled + gumbel_noise(keys, logits.shape[1]))
-    scores = scores.masked_fill(scaled < thresholds[:, None], float("-inf"))
+    scores = scores.masked_fill(logits < thresholds[:, None], float("-inf"))
     token_ids = scores.argmax(dim=-1)
     log_probs = torch.log_softmax(scaled, dim=-1).gather(1, token_ids[:, None]).squeeze(1)
     return token_ids, log_probs
@@ -130,13 +134,10 @@ class Sampler:
 
     def __call__(self, logits: Tensor, inputs: SamplingInputs) -> tuple[Tensor, Tensor]:
         """logits (S, V) fp32 -> token ids (S,) int64, log-probs (S,) fp32."""
-        keys = inputs.keys
-        temperatures = inputs.temperatures
         if inputs.max_top_k > 0 or inputs.use_top_p:
-            scaled = logits / torch.where(temperatures == 0, 1.0, temperatures)[:, None]
-            thresholds = truncation_thresholds(scaled, inputs)
+            thresholds = truncation_thresholds(logits, inputs)
         else:
-            thresholds = torch.full_like(temperatures, float("-inf"))
+            thresholds = torch.full_like(inputs.temperatures, float("-inf"))
         if self.fused_kernel is not None:
-            return self.fused_kernel(logits, temperatures, thresholds, keys)
-        return sample_reference(logits, temperatures, thresholds, keys)
+            return self.fused_kernel(logits, inputs.temperatures, thresholds, inputs.keys)
+        return sample_reference(logits, inputs.temperatures, thresholds, inputs.keys)

@@ -192,7 +192,7 @@ def _gumbel_sample_kernel(
         bits = _mix_32((key + _multiply_32(vocab_ids.to(tl.int64), 0x79B9, 0x9E37)) & 0xFFFFFFFF)
         uniform = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
         gumbel = -tl.log(-tl.log(uniform))
-        scores = tl.where(vocab_mask & (scaled >= threshold), scaled + gumbel * noise_scale, float("-inf"))
+        scores = tl.where(vocab_mask & (logits >= threshold), scaled + gumbel * noise_scale, float("-inf"))
         tile_best = tl.max(scores, 0)
         tile_index = tl.argmax(scores, 0)
         tile_scaled = tl.sum(tl.where(offsets == tile_index, scaled, 0.0), 0)
@@ -207,7 +207,8 @@ def _gumbel_sample_kernel(
 def fused_sample(logits: Tensor, temperatures: Tensor, thresholds: Tensor, keys: Tensor,
                  block_vocab: int = 2048) -> tuple[Tensor, Tensor]:
     """The Triton twin of `sampler.sample_reference` in one pass over the logits: logits (S, V) fp32,
-    temperatures (S,) (0 = greedy), thresholds (S,), keys (S,) int64 -> token ids (S,) int64, log-probs (S,)."""
+    temperatures (S,) (0 = greedy), thresholds (S,) raw logits, keys (S,) int64 -> token ids (S,) int64,
+    log-probs (S,)."""
     num_rows, vocab_size = logits.shape
     if logits.stride(1) != 1:
         raise ValueError("fused_sample needs logits contiguous along the vocabulary")

@@ -63,21 +63,24 @@ def test_gumbel_max_frequencies_follow_the_tempered_softmax():
 
 
 def test_thresholds_of_top_k_and_top_p_by_hand():
-    scaled = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
     inputs = make_inputs(3)
     inputs.top_k = torch.tensor([2, -1, -1])
     inputs.top_p = torch.tensor([1.0, 0.8, 0.81])
     inputs.max_top_k, inputs.use_top_p = 2, True
-    thresholds = truncation_thresholds(scaled, inputs)
+    thresholds = truncation_thresholds(logits, inputs)
     # top_k=2 keeps {0.5, 0.3}; top_p=0.8 is reached by 0.5 + 0.3; 0.81 needs the third token.
-    assert torch.allclose(thresholds, scaled[0, [1, 1, 2]])
+    assert torch.allclose(thresholds, logits[0, [1, 1, 2]])
 
 
-def test_top_p_applies_after_top_k_renormalisation():
-    scaled = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+def test_top_p_uses_the_tempered_distribution_after_top_k():
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
     inputs = make_inputs(1, top_k=2, top_p=0.6)
     # After top-k the kept mass is 0.4 / 0.7 = 0.571 < 0.6, so the second token stays.
-    assert torch.allclose(truncation_thresholds(scaled, inputs), scaled[0, 1:2])
+    assert torch.allclose(truncation_thresholds(logits, inputs), logits[0, 1:2])
+    # At temperature 0.25 the probabilities are proportional to p^4: 0.4^4 / (0.4^4 + 0.3^4 + ...) > 0.6.
+    cold = make_inputs(1, temperature=0.25, top_p=0.6)
+    assert torch.allclose(truncation_thresholds(logits, cold), logits[0, :1])
 
 
 def test_sample_respects_truncation_and_reports_full_vocabulary_log_probs():

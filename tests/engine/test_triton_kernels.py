@@ -57,7 +57,7 @@ def test_paged_decode_matches_torch_paged_attention(num_splits, num_heads, num_k
         max_context_len=max(context_lens), is_decode=True)
     expected = torch_paged_attention(query.float(), key_cache.float(), value_cache.float(), metadata)
     output = paged_decode_attention(query, key_cache, value_cache, tables, lengths, num_splits=num_splits, tile=16)
-    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-5
     assert output.dtype == dtype and output.shape == query.shape
     assert (output.float() - expected).abs().max().item() <= tolerance
 
@@ -69,14 +69,14 @@ def test_fused_sample_matches_the_torch_sampler():
     logits = (3 * torch.randn((6, 3000), generator=generator)).to(DEVICE)
     temperatures = torch.tensor([1.0, 0.7, 0.0, 1.3, 1.0, 0.5], device=DEVICE)
     thresholds = torch.full((6,), float("-inf"), device=DEVICE)
-    thresholds[3] = logits[3].topk(20).values[-1] / 1.3
+    thresholds[3] = logits[3].topk(20).values[-1]
     keys = row_keys(torch.tensor([1, 2, 3, 4, 2**62 + 5, 6], device=DEVICE),
                     torch.tensor([0, 5, 7, 9, 100, 3], device=DEVICE))
     expected_ids, expected_log_probs = sample_reference(logits, temperatures, thresholds, keys)
     token_ids, log_probs = fused_sample(logits, temperatures, thresholds, keys, block_vocab=512)
     assert token_ids.tolist() == expected_ids.tolist()
     assert (log_probs - expected_log_probs).abs().max().item() <= 1e-4
-    assert logits[3, token_ids[3]] / 1.3 >= thresholds[3]
+    assert logits[3, token_ids[3]] >= thresholds[3]
 
 
 def test_engine_with_the_cuda_kernels_matches_the_torch_path(tiny_folder):
