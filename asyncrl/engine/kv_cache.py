@@ -14,15 +14,12 @@ and on CPU num_blocks = cpu_kv_cache_mb MiB // bytes per block.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from asyncrl.models.model_config import TransformerConfig
-
-logger = logging.getLogger(__name__)
 
 MIB = 2**20
 # Private memory pool of the captured decode graphs (their activations for the largest bucket).

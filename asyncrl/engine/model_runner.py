@@ -19,8 +19,14 @@ from torch import Tensor
 from asyncrl.engine.attention import AttentionMetadata, DecodeKernel, PagedAttention
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.cuda_graph import DecodeGraphs, decode_num_splits
-from asyncrl.engine.kv_cache import (CUDA_GRAPH_RESERVE_BYTES, MIB, GpuMemoryPlan, KVCache, bytes_per_block,
-                                     plan_gpu_kv_cache)
+from asyncrl.engine.kv_cache import (
+    CUDA_GRAPH_RESERVE_BYTES,
+    MIB,
+    GpuMemoryPlan,
+    KVCache,
+    bytes_per_block,
+    plan_gpu_kv_cache,
+)
 from asyncrl.engine.sampler import FusedSampleKernel, Sampler, SamplingInputs
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.step_inputs import BlockTableCache, StepInputs, build_step_inputs

@@ -10,7 +10,6 @@ import numpy as np
 
 from asyncrl.engine.request import GenerationRequest, GenerationResult, SamplingParams
 
-
 # Every change of any block table gets a new number, so a cached copy of a table is stale exactly when the
 # numbers differ (see `step_inputs.BlockTableCache`).
 _block_table_versions = itertools.count(1)

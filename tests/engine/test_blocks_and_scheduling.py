@@ -9,7 +9,6 @@ from asyncrl.engine import GenerationRequest, SamplingParams
 from asyncrl.engine.block_manager import BlockManager
 from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence, SequenceStatus
-
 from asyncrl.models import load_model
 
 from .helpers import dense_log_probs, make_engine, prompt

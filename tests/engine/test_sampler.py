@@ -7,8 +7,15 @@ import math
 import numpy as np
 import torch
 
-from asyncrl.engine.sampler import (Sampler, SamplingInputs, gumbel_noise, mix_32, row_keys, sample_reference,
-                                    truncation_thresholds)
+from asyncrl.engine.sampler import (
+    Sampler,
+    SamplingInputs,
+    gumbel_noise,
+    mix_32,
+    row_keys,
+    sample_reference,
+    truncation_thresholds,
+)
 
 
 def fmix32_python(value: int) -> int:
