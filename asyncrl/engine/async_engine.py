@@ -103,7 +103,8 @@ class AsyncEngine:
         self._has_work.set()
 
     async def close(self) -> None:
-        """Stops the background loop (in-flight requests are left as they are)."""
+        """Stops the background loop after the current step (in-flight requests are left as they are)."""
+        await self.pause()  # a step running in a worker thread would outlive a cancelled task
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
