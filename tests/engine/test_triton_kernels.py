@@ -20,6 +20,9 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or not (IS_CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
     reason="needs triton with a GPU or TRITON_INTERPRET=1")
 DEVICE = "cuda" if IS_CUDA else "cpu"
+# The engine-level tests below run the kernels on the CPU engine's tensors: interpreter only.
+interpreter_only = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                      reason="runs Triton on CPU tensors (TRITON_INTERPRET=1)")
 
 
 def paged_case(context_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
@@ -79,6 +82,7 @@ def test_fused_sample_matches_the_torch_sampler():
     assert logits[3, token_ids[3]] >= thresholds[3]
 
 
+@interpreter_only
 def test_engine_with_the_cuda_kernels_matches_the_torch_path(tiny_folder):
     """The CUDA dispatch (dense prefill, Triton decode, fused sampler) run on this device, against the torch
     path of the same engine configuration."""
@@ -99,6 +103,7 @@ def test_engine_with_the_cuda_kernels_matches_the_torch_path(tiny_folder):
         assert abs(result.response_log_probs - reference.response_log_probs).max() <= 1e-4
 
 
+@interpreter_only
 def test_decode_graph_buffers_padding_and_buckets_with_eager_replay(tiny_folder):
     """`DecodeGraphs` with each CUDA graph replaced by an eager rerun of its static forward: checks the
     static buffers, the sink-block padding, bucket choice and per-bucket context splits on this device."""
