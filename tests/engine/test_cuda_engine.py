@@ -34,7 +34,7 @@ def requests_for(count: int, max_new_tokens: int = 40, temperature: float = 1.0)
 
 def cuda_engine(folder, dtype=torch.float32, **config) -> LLMEngine:
     return LLMEngine(folder, EngineConfig(device="cuda", dtype=dtype, max_num_seqs=64,
-                                          max_num_batched_tokens=2048, gpu_memory_utilization=0.3, **config))
+                                          max_num_batched_tokens=2048, gpu_memory_utilization=0.15, **config))
 
 
 def token_agreement(first, second) -> float:
