@@ -1,7 +1,8 @@
 """The `asyncrl` command line.
 
-    asyncrl demo                                  the main job on the embedded default task
+    asyncrl demo [--mode MODE] [key=value ...]    the main job on the embedded default task
     asyncrl train CONFIG.yaml [key=value ...]     train with a config file plus dotted overrides
+    asyncrl sft --model DIR --data FILE --out DIR supervised warm start
     asyncrl config show [CONFIG.yaml] [key=value ...]
     asyncrl data make arithmetic --out DIR [--train-size N --val-size M --seed S --set knob=value]
     asyncrl bench {engine,sync,modes} ...
@@ -48,6 +49,29 @@ def command_data_make(options: argparse.Namespace) -> int:
     return 0
 
 
+def command_train(options: argparse.Namespace) -> int:
+    path, overrides = split_config_args(options.args)
+    config = load_config(path, overrides)  # validated before anything starts
+    from asyncrl.recipes.launch import train
+    summary = train(config)
+    print(f"finished {summary['steps']} steps in {summary['wall_time_s']:.0f}s; outputs in {summary['output_dir']}")
+    return 0
+
+
+def command_demo(options: argparse.Namespace) -> int:
+    from asyncrl.recipes.demo import DEFAULT_MODE, run_demo
+    run_demo(options.out, mode=options.mode or DEFAULT_MODE, overrides=options.overrides)
+    return 0
+
+
+def command_sft(options: argparse.Namespace) -> int:
+    from asyncrl.train.sft import SFTSettings, run_sft
+    settings = SFTSettings(epochs=options.epochs, batch_size=options.batch_size, lr=options.lr, seed=options.seed)
+    folder = run_sft(options.model, options.data, options.out, settings)
+    print(f"wrote the warm-started policy to {folder}")
+    return 0
+
+
 def command_not_yet(options: argparse.Namespace) -> int:
     print(f"asyncrl {options.command}: not yet available in this version (the trainer and recipes are still "
           f"being built; see the README's status section).", file=sys.stderr)
@@ -61,11 +85,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="the main job: make the arithmetic task, build a tiny model, "
                                "warm-start it with SFT, train it with RL, report validation accuracy")
-    demo.set_defaults(run=command_not_yet)
+    demo.add_argument("--out", default="outputs/demo", help="output folder (default outputs/demo)")
+    demo.add_argument("--mode", choices=["sync", "one_step_off", "fully_async"], default=None,
+                      help="trainer.mode (default: the fastest mode that works)")
+    demo.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides of the RL run")
+    demo.set_defaults(run=command_demo)
 
     train = commands.add_parser("train", help="train with CONFIG.yaml plus key=value overrides")
     train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value]")
-    train.set_defaults(run=command_not_yet)
+    train.set_defaults(run=command_train)
+
+    sft = commands.add_parser("sft", help="supervised warm start on a dataset's reference answers")
+    sft.add_argument("--model", required=True, help="HF model folder to start from")
+    sft.add_argument("--data", required=True, nargs="+", help="prompt files with reference answers")
+    sft.add_argument("--out", required=True, help="output HF folder")
+    sft.add_argument("--epochs", type=float, default=1.0)
+    sft.add_argument("--batch-size", type=int, default=64)
+    sft.add_argument("--lr", type=float, default=3e-3)
+    sft.add_argument("--seed", type=int, default=0)
+    sft.set_defaults(run=command_sft)
 
     bench = commands.add_parser("bench", help="benchmarks: engine, sync (weight sync), modes")
     bench.add_argument("what", choices=["engine", "sync", "modes"])

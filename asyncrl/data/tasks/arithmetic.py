@@ -1,11 +1,16 @@
 """Multi-digit arithmetic: "37+85=" -> "122".
 
-Difficulty knobs: operand digits, number of operands and the operators. With the defaults a tiny model
-warm-started by a short SFT gets a fraction right, which leaves RL room to improve.
+Difficulty knobs: operand digits, number of operands and the operators.
+
+`sloppy_teacher` imitates warm-start data from a sloppy teacher: with that probability, the reference
+answer used by SFT (`extra_info.answer`) stutters, repeating its last digit ("37+85=" taught as "1222"
+instead of "122"). The ground truth the reward checks stays exact. A model warm-started on such data
+computes the sum but picks up the habit; RL with an exact-match verifier removes it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +27,7 @@ class ArithmeticTask:
     max_digits: int = 2
     num_operands: int = 2
     operators: str = "+-"
+    sloppy_teacher: float = 0.0
 
     data_source = DATA_SOURCE
 
@@ -32,6 +38,8 @@ class ArithmeticTask:
             raise ValueError(f"arithmetic: num_operands must be >= 2, got {self.num_operands}")
         if not self.operators or set(self.operators) - set("+-*"):
             raise ValueError(f"arithmetic: operators must be a non-empty subset of '+-*', got {self.operators!r}")
+        if not 0.0 <= self.sloppy_teacher <= 1.0:
+            raise ValueError(f"arithmetic: sloppy_teacher must be in [0, 1], got {self.sloppy_teacher}")
 
     def make_problem(self, rng: np.random.Generator) -> tuple[str, str]:
         """(question, answer), e.g. ("37+85=", "122")."""
@@ -46,13 +54,21 @@ class ArithmeticTask:
         return expression + "=", str(eval(expression))  # only digits and + - * reach eval
 
     def make_row(self, question: str, answer: str, split: str, index: int) -> dict[str, Any]:
+        taught = answer
+        if split == "train" and self.sloppy_teacher and stable_fraction(question) < self.sloppy_teacher:
+            taught = answer + answer[-1]
         return {
             "data_source": DATA_SOURCE,
             "prompt": [{"role": "user", "content": question}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": answer},
-            "extra_info": {"split": split, "index": index, "answer": answer},
+            "extra_info": {"split": split, "index": index, "answer": taught},
         }
+
+
+def stable_fraction(text: str) -> float:
+    """A number in [0, 1) fixed by the text (so the same problem is always taught the same way)."""
+    return int(hashlib.blake2b(text.encode(), digest_size=4).hexdigest(), 16) / 2**32
 
 
 def score(solution_str: str, ground_truth: Any) -> float:

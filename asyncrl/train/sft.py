@@ -1,0 +1,91 @@
+"""Supervised warm start: train a policy on a dataset's reference answers before RL.
+
+    asyncrl sft --model tiny/ --data data/train.parquet --out sft/ --epochs 2 --lr 3e-3
+
+The reference answer of a row is `extra_info.answer` when present, else `reward_model.ground_truth`
+(when it is a string). The loss is the mean negative log-likelihood of the answer tokens plus EOS, after
+the chat-templated prompt. One process; the result is an HF folder that RL starts from.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from asyncrl.config.schema import DataConfig
+from asyncrl.data.chat_template import encode_prompt
+from asyncrl.data.reader import DatasetError, read_prompt_files
+from asyncrl.data.records import PromptRecord
+from asyncrl.models import load_model, load_tokenizer, save_model
+from asyncrl.train.batch import TrainBatch
+from asyncrl.train.forward import response_log_probs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    epochs: float = 1.0            # fractional epochs stop part-way through the last one
+    batch_size: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    seed: int = 0
+    device: str = "cpu"
+
+
+def reference_answer(record: PromptRecord) -> str:
+    if "answer" in record.extra_info:
+        return str(record.extra_info["answer"])
+    if isinstance(record.ground_truth, str):
+        return record.ground_truth
+    raise DatasetError(f"{record.prompt_id}: no reference answer for SFT (extra_info.answer or a string "
+                       f"reward_model.ground_truth)")
+
+
+def tokenize_examples(records: list[PromptRecord], tokenizer, eos_id: int) -> list[tuple[list[int], list[int]]]:
+    examples = []
+    for record in records:
+        prompt_ids = encode_prompt(tokenizer, record.messages)
+        answer_ids = list(tokenizer.encode(reference_answer(record), add_special_tokens=False)) + [eos_id]
+        examples.append((prompt_ids, answer_ids))
+    return examples
+
+
+def run_sft(model_path: str | Path, data_files: list[str], output_dir: str | Path, settings: SFTSettings) -> Path:
+    """Train and save; returns the output folder."""
+    torch.manual_seed(settings.seed)
+    device = torch.device(settings.device)
+    tokenizer = load_tokenizer(model_path)
+    model = load_model(model_path, dtype=torch.float32, device=device)
+    examples = tokenize_examples(read_prompt_files(data_files, DataConfig().prompt_key), tokenizer,
+                                 model.config.eos_token_ids[0])
+    steps_per_epoch = math.ceil(len(examples) / settings.batch_size)
+    total_steps = max(1, int(settings.epochs * steps_per_epoch))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / settings.warmup_steps)
+                                                 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total_steps))))
+    generator = torch.Generator().manual_seed(settings.seed)
+    model.train()
+    order = torch.randperm(len(examples), generator=generator)
+    for step in range(total_steps):
+        position = (step % steps_per_epoch) * settings.batch_size
+        if position == 0 and step:
+            order = torch.randperm(len(examples), generator=generator)
+        chosen = [examples[index] for index in order[position:position + settings.batch_size].tolist()]
+        batch = TrainBatch.from_sequences([prompt for prompt, _ in chosen], [answer for _, answer in chosen],
+                                          list(range(len(chosen)))).to(device)
+        log_probs, _ = response_log_probs(model, batch, temperature=1.0, with_entropy=False)
+        loss = -(log_probs * batch.response_mask).sum() / batch.response_mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        if step % 50 == 0 or step == total_steps - 1:
+            logger.info("sft step %d/%d loss %.4f", step + 1, total_steps, float(loss))
+    return save_model(model, output_dir, tokenizer_folder=model_path)
