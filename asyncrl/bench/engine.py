@@ -31,40 +31,10 @@ import transformers
 
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from asyncrl.engine.kv_cache import bytes_per_block
+from asyncrl.bench.models import QWEN2_SHAPES, qwen2_config, random_model
 from asyncrl.models import CausalLM, TransformerConfig, iter_named_tensors, load_model
 
 H200_BANDWIDTH = 4.8e12  # bytes/s of HBM3e on an H200
-# Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate); vocabulary 151936, tied embeddings.
-QWEN2_SHAPES = {
-    "qwen2.5-0.5b": (896, 24, 14, 2, 4864),
-    "qwen2.5-1.5b": (1536, 28, 12, 2, 8960),
-}
-
-
-def qwen2_config(name: str) -> TransformerConfig:
-    """The TransformerConfig of a Qwen2.5 size in QWEN2_SHAPES."""
-    if name not in QWEN2_SHAPES:
-        raise ValueError(f"model name must be one of {sorted(QWEN2_SHAPES)} or an HF folder, got {name!r}")
-    hidden, num_layers, num_heads, num_kv_heads, intermediate = QWEN2_SHAPES[name]
-    return TransformerConfig(
-        model_type="qwen2", vocab_size=151936, hidden_size=hidden, intermediate_size=intermediate,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        head_dim=hidden // num_heads, rope_theta=1000000.0, max_position_embeddings=32768, attention_bias=True,
-        tie_word_embeddings=True, eos_token_id=151643, pad_token_id=151643)
-
-
-def random_model(config: TransformerConfig, dtype: torch.dtype, device: str, seed: int = 0) -> CausalLM:
-    """Random weights (N(0, 0.02), norms 1) initialised directly on `device`."""
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = CausalLM(config)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("norm.weight"):
-                parameter.fill_(1.0)
-            else:
-                parameter.normal_(0.0, 0.02)
-    return model.to(dtype).eval()
 
 
 @dataclass(frozen=True)

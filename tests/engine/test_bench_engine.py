@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.bench.engine import LengthDistribution, main, qwen2_config, run_engine_benchmark
+from asyncrl.bench.engine import LengthDistribution, main, run_engine_benchmark
+from asyncrl.bench.models import qwen2_config
 from asyncrl.models import CausalLM
 
 
