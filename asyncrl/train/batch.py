@@ -97,7 +97,8 @@ class TrainBatch:
     def response_ids(self) -> Tensor:
         """(B, R) response token ids (0 in padding columns)."""
         ids = torch.gather(self.input_ids, 1, self.response_positions())
-        valid = torch.arange(self.max_response_length)[None, :] < self.response_lengths[:, None]
+        columns = torch.arange(self.max_response_length, device=ids.device)
+        valid = columns[None, :] < self.response_lengths[:, None]
         return torch.where(valid, ids, torch.zeros_like(ids))
 
     def need(self, field_name: str, stage: str) -> Tensor:
