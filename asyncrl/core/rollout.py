@@ -24,6 +24,9 @@ class Rollout(Protocol):
         """Make every replica's weights equal the trainer's and stamp new tokens with `version`."""
         ...
 
+    def close(self) -> None:
+        ...
+
 
 def spread(requests: list[GenerationRequest], num_parts: int) -> list[list[GenerationRequest]]:
     """Balance requests over parts by their worst-case token count (prompt + budget), largest first."""
@@ -51,3 +54,6 @@ class ColocatedRollout:
         refs = [actor.sync_local_engine.remote(version) for actor in self.trainers.actors]
         self.trainers.wait(refs, "sync_local_engine")
         self.version = version
+
+    def close(self) -> None:
+        """The engines live in the trainer ranks, which the runtime stops."""

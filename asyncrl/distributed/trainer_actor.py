@@ -16,6 +16,7 @@ import ray
 import torch
 
 from asyncrl.config import AsyncRLConfig
+from asyncrl.distributed.weight_transport import TransferPlan, WeightSender, create_group
 from asyncrl.engine import EngineConfig, GenerationRequest, GenerationResult, LLMEngine
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch, TrainerWorker
 
@@ -26,6 +27,7 @@ class TrainerRank:
         torch.set_num_threads(num_threads)
         self.worker = TrainerWorker(config, rank, world_size, master_addr, master_port, total_training_steps)
         self.engine: Optional[LLMEngine] = None
+        self.sender: Optional[WeightSender] = None
         if host_engine:
             device = str(self.worker.device)
             self.engine = LLMEngine(config.model.path, EngineConfig.from_rollout(config.rollout, device=device))
@@ -61,6 +63,26 @@ class TrainerRank:
 
     def policy_state(self) -> dict[str, Any]:
         return self.worker.policy_state_numpy()
+
+    # ---- weight sync to separate rollout replicas -------------------------------------------------------
+    def join_weight_group(self, host: str, port: int, world_size: int, plan: TransferPlan, timeout_s: float) -> None:
+        """Rank 0 joins the weight group as its sender (group rank 0); other ranks only help gather full
+        tensors during a sync."""
+        names = [name for name, _ in self.worker.actor.model.named_parameters()]
+        if names != list(plan.names):
+            raise RuntimeError(f"weight sync plan does not match the trainer's parameters ({len(plan.names)} vs "
+                               f"{len(names)} tensors)")
+        group = create_group(host, port, 0, world_size, self.worker.device, timeout_s)
+        self.sender = WeightSender(group, plan, self.worker.device)
+
+    def send_weights(self) -> int:
+        """Every rank gathers full tensors one by one (a collective); rank 0 broadcasts them in buckets."""
+        tensors = self.worker.iter_policy_tensors()
+        if self.sender is None:
+            for _ in tensors:
+                pass
+            return 0
+        return self.sender.send(tensors)
 
     # ---- colocated engine ---------------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

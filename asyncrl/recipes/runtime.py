@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import ray
+import torch
 
 from asyncrl.config import AsyncRLConfig, dump_config
 from asyncrl.core.checkpoint import CheckpointManager
+from asyncrl.core.replica_rollout import ReplicaRollout
 from asyncrl.core.rollout import ColocatedRollout, Rollout
 from asyncrl.core.stages import PPOCore
 from asyncrl.core.trainer_group import TrainerGroup
@@ -29,6 +31,7 @@ from asyncrl.data.dataset import PromptDataset
 from asyncrl.distributed.remote import wait_for_all
 from asyncrl.distributed.resource_pool import PoolSpec, Pools, allocate_pools
 from asyncrl.distributed.runtime import start_ray
+from asyncrl.distributed.rollout_replica import RolloutReplicaActor
 from asyncrl.distributed.trainer_actor import TrainerActor
 from asyncrl.models import load_tokenizer, read_config
 from asyncrl.rewards import RewardExecutor
@@ -54,6 +57,7 @@ class Runtime:
         self.tracker.close()
         self.timeline.save(self.output_dir / "timeline.json")
         self.reward.close()
+        self.rollout.close()
         for actor in self.trainers.actors:
             ray.kill(actor)
         self.pools.release()
@@ -84,13 +88,29 @@ def uses_gpu(config: AsyncRLConfig) -> bool:
                                                  ray.cluster_resources().get("GPU", 0) > 0)
 
 
-def trainer_pool_spec(config: AsyncRLConfig, num_other_workers: int) -> PoolSpec:
-    world_size = config.trainer.n_gpus_per_node * config.trainer.nnodes
+def pool_specs(config: AsyncRLConfig) -> list[PoolSpec]:
+    """The trainer pool, and in separated modes the rollout pool (one device per replica)."""
+    num_trainers = config.trainer.n_gpus_per_node * config.trainer.nnodes
+    num_replicas = num_rollout_replicas(config)
     if uses_gpu(config):
-        return PoolSpec("trainer", world_size, 1.0, 1.0)
+        return [PoolSpec("trainer", num_trainers, 1.0, 1.0)] + \
+            ([PoolSpec("rollout", num_replicas, 1.0, 1.0)] if num_replicas else [])
     # CPU slots: share the cores (leaving some room for the driver) among every worker of the run.
     cpus = ray.available_resources().get("CPU", 1.0)
-    return PoolSpec("trainer", world_size, 0.0, round(min(1.0, 0.9 * cpus / (world_size + num_other_workers)), 3))
+    share = round(min(1.0, 0.9 * cpus / (num_trainers + num_replicas)), 3)
+    return [PoolSpec("trainer", num_trainers, 0.0, share)] + \
+        ([PoolSpec("rollout", num_replicas, 0.0, share)] if num_replicas else [])
+
+
+def num_rollout_replicas(config: AsyncRLConfig) -> int:
+    """Separated modes run one replica per rollout device; sync mode colocates engines in the trainer ranks."""
+    if config.trainer.mode == "sync":
+        return 0
+    return config.rollout.n_gpus_per_node * config.rollout.nnodes
+
+
+def threads_per_worker(spec: PoolSpec, num_workers: int) -> int:
+    return 4 if spec.num_gpus_per_worker else max(1, (os.cpu_count() or 1) // num_workers)
 
 
 @ray.remote(num_cpus=0)
@@ -104,7 +124,7 @@ def node_address() -> tuple[str, int]:
 def start_trainers(config: AsyncRLConfig, pools: Pools, total_steps: int, host_engine: bool) -> TrainerGroup:
     spec = pools.spec("trainer")
     address, port = ray.get(node_address.options(scheduling_strategy=pools.strategy("trainer", 0)).remote())
-    threads = max(1, int(os.cpu_count() / spec.num_workers)) if not spec.num_gpus_per_worker else 4
+    threads = threads_per_worker(spec, sum(pool.num_workers for pool in pools.specs))
     actors = [TrainerActor.options(num_cpus=spec.num_cpus_per_worker, num_gpus=spec.num_gpus_per_worker,
                                    scheduling_strategy=pools.strategy("trainer", rank),
                                    name=None).remote(config, rank, spec.num_workers, address, port, total_steps,
@@ -113,6 +133,21 @@ def start_trainers(config: AsyncRLConfig, pools: Pools, total_steps: int, host_e
     group = TrainerGroup(actors, config.ray.rpc_timeout_s)
     wait_for_all([actor.ping.remote() for actor in actors], group.names, "startup", config.ray.rpc_timeout_s)
     return group
+
+
+def start_replicas(config: AsyncRLConfig, pools: Pools, trainers: TrainerGroup) -> ReplicaRollout:
+    """Rollout replicas on their own devices, joined to trainer rank 0 by the weight-sync group."""
+    spec = pools.spec("rollout")
+    threads = threads_per_worker(spec, sum(pool.num_workers for pool in pools.specs))
+    replicas = [RolloutReplicaActor.options(num_cpus=spec.num_cpus_per_worker, num_gpus=spec.num_gpus_per_worker,
+                                            scheduling_strategy=pools.strategy("rollout", index)).remote(
+                    config, index, threads) for index in range(spec.num_workers)]
+    rollout = ReplicaRollout(replicas, trainers, config)
+    rollout.wait([replica.ping.remote() for replica in replicas], rollout.names, "startup")
+    host, port = ray.get(node_address.options(scheduling_strategy=pools.strategy("trainer", 0)).remote())
+    engine_dtype = torch.bfloat16 if spec.num_gpus_per_worker else torch.float32
+    rollout.connect_weights(host, port, engine_dtype)
+    return rollout
 
 
 def resume_step(config: AsyncRLConfig, output_dir: Path) -> Optional[int]:
@@ -133,9 +168,10 @@ def build_runtime(config: AsyncRLConfig) -> Runtime:
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "config.yaml").write_text(dump_config(config))
     start_ray(config.ray)
-    pools = allocate_pools([trainer_pool_spec(config, 0)])
-    trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)), host_engine=True)
-    rollout = ColocatedRollout(trainers)
+    pools = allocate_pools(pool_specs(config))
+    colocated = num_rollout_replicas(config) == 0
+    trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)), host_engine=colocated)
+    rollout = ColocatedRollout(trainers) if colocated else start_replicas(config, pools, trainers)
     tracker = Tracker(output_dir, config.trainer.logger, config.trainer.project_name, config.trainer.experiment_name,
                       dataclasses.asdict(config), resume_step=resume_step(config, output_dir))
     timeline = Timeline()

@@ -52,6 +52,7 @@ class TrainerWorker:
         self.device = resolve_device(config.trainer.device)
         self.param_dtype = compute_dtype(config.model.dtype, self.device)
         torch.manual_seed(config.trainer.seed)
+        self.rank = rank
         self.mesh = init_process_group(rank, world_size, master_addr, master_port, self.device)
         self.actor = self.build_actor(total_training_steps)
         self.reference: Optional[CausalLM] = self.build_reference() if needs_reference(config) else None

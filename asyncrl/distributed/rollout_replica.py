@@ -1,0 +1,82 @@
+"""A rollout replica on its own device: an asyncio Ray actor around one `AsyncEngine`.
+
+Requests are served concurrently (the actor is async), weights arrive over the weight-sync group
+(`join_weight_group`, then `receive_weights` per sync, while generation is paused), and every token is
+stamped with the version of the weights that produced it.
+
+    replica = RolloutReplicaActor.options(num_cpus=0.5).remote(config, index=0, num_threads=1)
+    result = await replica.generate.remote(request)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+import numpy as np
+import ray
+import torch
+
+from asyncrl.config import AsyncRLConfig
+from asyncrl.distributed.weight_transport import TransferPlan, WeightReceiver, create_group
+from asyncrl.engine import AsyncEngine, EngineConfig, GenerationRequest, GenerationResult, LLMEngine
+
+
+class RolloutReplica:
+    def __init__(self, config: AsyncRLConfig, index: int, num_threads: int):
+        torch.set_num_threads(num_threads)
+        self.index = index
+        device = "cuda" if torch.cuda.is_available() and config.trainer.device != "cpu" else "cpu"
+        self.engine = AsyncEngine(LLMEngine(config.model.path, EngineConfig.from_rollout(config.rollout, device)))
+        self.receiver: Optional[WeightReceiver] = None
+
+    async def ping(self) -> int:
+        return self.index
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await self.engine.generate(request)
+
+    async def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """All requests at once (continuous batching inside); results in request order."""
+        results = await asyncio.gather(*(self.engine.generate(request) for request in requests))
+        return list(results)
+
+    async def abort(self, request_ids: Optional[list[str]] = None) -> list[GenerationResult]:
+        return await self.engine.abort(request_ids)
+
+    async def pause(self) -> None:
+        await self.engine.pause()
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    async def num_in_flight(self) -> int:
+        return self.engine.num_in_flight
+
+    async def version(self) -> int:
+        return self.engine.engine.version
+
+    # ---- weight sync --------------------------------------------------------------------------------
+    async def join_weight_group(self, host: str, port: int, rank: int, world_size: int, plan: TransferPlan,
+                                timeout_s: float) -> None:
+        device = self.engine.engine.runner.device
+        group = await asyncio.to_thread(create_group, host, port, rank, world_size, device, timeout_s)
+        self.receiver = WeightReceiver(group, plan, device)
+
+    async def receive_weights(self, version: int) -> int:
+        """Receive the trainer's weights and stamp new tokens with `version`; the copy happens between two
+        engine steps, so no generation sees a weight change half-way through a step."""
+        if self.receiver is None:
+            raise RuntimeError(f"rollout/replica{self.index}: receive_weights before join_weight_group")
+        return await self.engine.update_weights(self.receiver.receive(), version)
+
+    async def engine_state(self) -> dict[str, Any]:
+        """Every engine parameter as numpy, plus its version (tests compare them bitwise with the trainer)."""
+        engine = self.engine.engine
+        state = {name: parameter.detach().to("cpu", torch.float32, copy=True).numpy()
+                 for name, parameter in engine.model.named_parameters()}
+        state["__version__"] = np.int64(engine.version)
+        return state
+
+
+RolloutReplicaActor = ray.remote(RolloutReplica)
