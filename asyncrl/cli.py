@@ -72,10 +72,12 @@ def command_sft(options: argparse.Namespace) -> int:
     return 0
 
 
-def command_not_yet(options: argparse.Namespace) -> int:
-    print(f"asyncrl {options.command}: not yet available in this version (the trainer and recipes are still "
-          f"being built; see the README's status section).", file=sys.stderr)
-    return 3
+BENCHMARKS = {"engine": "asyncrl.bench.engine", "trainer": "asyncrl.bench.trainer", "sync": "asyncrl.bench.sync"}
+
+
+def command_bench(options: argparse.Namespace) -> int:
+    import importlib
+    return importlib.import_module(BENCHMARKS[options.what]).main(options.args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,9 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--seed", type=int, default=0)
     sft.set_defaults(run=command_sft)
 
-    bench = commands.add_parser("bench", help="benchmarks: engine, sync (weight sync), modes")
-    bench.add_argument("what", choices=["engine", "sync", "modes"])
-    bench.set_defaults(run=command_not_yet)
+    bench = commands.add_parser("bench", help="benchmarks: engine, trainer, sync (weight sync), modes",
+                                description="Each benchmark has its own flags: asyncrl bench engine --help")
+    bench.add_argument("what", choices=sorted(BENCHMARKS))
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
+    bench.set_defaults(run=command_bench)
 
     config = commands.add_parser("config", help="inspect configs")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")

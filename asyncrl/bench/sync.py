@@ -1,0 +1,115 @@
+"""Weight-sync speed: trainer (FSDP2, one device) -> engine (another device), next to a raw broadcast.
+
+    python -m asyncrl.bench.sync --models qwen2.5-0.5b qwen2.5-1.5b --bucket-mb 256
+    python -m asyncrl.bench.sync --models tiny-test --device cpu        # smoke test on CPU (gloo)
+
+Two processes: process 0 holds a `TrainerWorker` (fp32 master weights, FSDP2) on device 0, process 1 an
+`LLMEngine` on device 1. A sync is the real path: gather full tensors, cast to the engine dtype, pack
+into buckets, broadcast, load in place. The raw baseline broadcasts the same number of bytes as one
+buffer over the same group. Effective bandwidth = bytes of the engine's weights / sync time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from asyncrl.bench.models import write_random_model
+from asyncrl.config import load_config
+from asyncrl.core.replica_rollout import transfer_plan
+from asyncrl.distributed.weight_transport import WeightReceiver, WeightSender, broadcast, create_group
+from asyncrl.engine import EngineConfig, LLMEngine
+from asyncrl.train import TrainerWorker
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_side(rank: int, folder: str, device_type: str, bucket_mb: int, repeats: int, ports: tuple[int, int],
+             queue) -> None:
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    config = load_config(None, [f"model.path={folder}", f"trainer.device={device_type}", "rollout.n=2",
+                                f"weight_sync.bucket_mb={bucket_mb}", "rollout.gpu_memory_utilization=0.3"])
+    engine_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    plan = transfer_plan(config, engine_dtype)
+    if rank == 0:
+        worker = TrainerWorker(config, 0, 1, "127.0.0.1", ports[0], total_training_steps=1)
+    else:
+        engine = LLMEngine(folder, EngineConfig.from_rollout(config.rollout, device=str(device), num_kv_blocks=64))
+    group = create_group("127.0.0.1", ports[1], rank, 2, device, timeout_s=300)
+    raw = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device)
+    timings = {"sync": [], "raw": []}
+    for _ in range(repeats + 1):  # the first round warms up
+        synchronize(device)
+        started = time.perf_counter()
+        if rank == 0:
+            WeightSender(group, plan, device).send(worker.iter_policy_tensors())
+        else:
+            engine.update_weights(WeightReceiver(group, plan, device).receive(), version=1)
+        synchronize(device)
+        timings["sync"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        broadcast(group, raw).wait()
+        synchronize(device)
+        timings["raw"].append(time.perf_counter() - started)
+    if rank == 1:
+        sync_s, raw_s = min(timings["sync"][1:]), min(timings["raw"][1:])
+        queue.put({"bytes": plan.total_bytes, "sync_s": sync_s, "raw_s": raw_s,
+                   "sync_gb_per_s": plan.total_bytes / sync_s / 1e9, "raw_gb_per_s": plan.total_bytes / raw_s / 1e9,
+                   "fraction_of_raw": raw_s / sync_s, "buckets": plan.num_buckets})
+
+
+def run_sync_benchmark(model: str, device: str = "cuda", bucket_mb: int = 256, repeats: int = 3) -> dict:
+    folder = write_random_model(model, Path(tempfile.mkdtemp()) / model)
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    ports = (free_port(), free_port())
+    processes = [context.Process(target=run_side, args=(rank, str(folder), device, bucket_mb, repeats, ports, queue))
+                 for rank in range(2)]
+    for process in processes:
+        process.start()
+    result = queue.get(timeout=900)
+    for process in processes:
+        process.join(timeout=60)
+    return {"model": model, "device": device, "bucket_mb": bucket_mb, **result}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--bucket-mb", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--output", default=None, help="append results as JSON lines")
+    options = parser.parse_args(argv)
+    print(f"{'model':16s} {'MB':>8s} {'sync s':>8s} {'GB/s':>7s} {'raw s':>8s} {'raw GB/s':>9s} {'of raw':>7s}")
+    for model in options.models:
+        result = run_sync_benchmark(model, options.device, options.bucket_mb, options.repeats)
+        print(f"{model:16s} {result['bytes'] / 1e6:8.1f} {result['sync_s']:8.4f} {result['sync_gb_per_s']:7.1f} "
+              f"{result['raw_s']:8.4f} {result['raw_gb_per_s']:9.1f} {result['fraction_of_raw']:7.0%}")
+        if options.output:
+            Path(options.output).parent.mkdir(parents=True, exist_ok=True)
+            with open(options.output, "a") as handle:
+                handle.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

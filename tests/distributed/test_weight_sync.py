@@ -1,0 +1,124 @@
+"""Weight sync through real Ray actors: 2 trainer ranks (FSDP2 over gloo) and 2 rollout replicas.
+
+After every sync each engine parameter is bitwise equal to the trainer's, the version advances by one,
+new tokens carry the new version, in-flight requests survive a sync, and a replica that never joins
+makes the sync fail within its timeout, naming that replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import ray
+
+from asyncrl.config import load_config
+from asyncrl.core.records import Sample, samples_to_batch
+from asyncrl.core.replica_rollout import ReplicaRollout
+from asyncrl.core.requests import make_requests
+from asyncrl.data.dataset import PromptDataset
+from asyncrl.data.make import make_task, write_task
+from asyncrl.distributed.remote import RemoteTimeoutError
+from asyncrl.distributed.resource_pool import allocate_pools
+from asyncrl.distributed.rollout_replica import RolloutReplica
+from asyncrl.engine import SamplingParams
+from asyncrl.models import build_tiny_model, load_tokenizer
+from asyncrl.recipes.runtime import pool_specs, start_replicas, start_trainers
+from asyncrl.train import PolicyUpdateSpec
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, ray_session):
+    root = tmp_path_factory.mktemp("sync")
+    model = build_tiny_model(root / "model", family="qwen2", seed=1)
+    paths = write_task(make_task("arithmetic"), root / "data", 16, 4, seed=0)
+    config = load_config(None, [
+        f"model.path={model}", f"data.train_files=[{paths['train']}]", "trainer.device=cpu",
+        "trainer.mode=one_step_off", "trainer.n_gpus_per_node=2", "rollout.n_gpus_per_node=2", "rollout.n=2",
+        "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "actor.optim.lr=1e-2",
+        "data.max_response_length=6", "rollout.cpu_kv_cache_mb=8", "weight_sync.bucket_mb=1",
+        "weight_sync.timeout_s=20", "ray.rpc_timeout_s=120"])
+    pools = allocate_pools(pool_specs(config))
+    trainers = start_trainers(config, pools, total_steps=10, host_engine=False)
+    rollout = start_replicas(config, pools, trainers)
+    tokenizer = load_tokenizer(model)
+    prompts = PromptDataset.from_files(config.data.train_files, tokenizer, config.data).prompts[:4]
+    yield config, trainers, rollout, prompts
+    rollout.close()
+    for actor in trainers.actors:
+        ray.kill(actor)
+    pools.release()
+
+
+def train_one_step(config, trainers, rollout, prompts, salt):
+    requests = make_requests(prompts, 2, SamplingParams(max_new_tokens=6), 0, salt)
+    results = rollout.generate(requests)
+    samples = [Sample(prompts[index // 2], index // 2, index % 2, result).with_reward(float(index % 2), {}, None)
+               for index, result in enumerate(results)]
+    batch = samples_to_batch(samples)
+    batch = batch.replace(old_log_probs=batch.rollout_log_probs, advantages=(batch.token_level_scores.sum(1, keepdim=True)
+                                                                              - 0.5) * batch.response_mask)
+    trainers.update_actor(batch, PolicyUpdateSpec.from_config(config, batch.num_rows, 0))
+    return results
+
+
+def assert_engines_equal_trainer(trainers, rollout, version):
+    trainer_state = trainers.policy_state()
+    for state in rollout.engine_states():
+        assert int(state.pop("__version__")) == version
+        assert set(state) == set(trainer_state) - {"lm_head.weight"} or set(state) == set(trainer_state)
+        for name, array in state.items():
+            assert np.array_equal(array, trainer_state[name]), name
+
+
+def test_every_sync_makes_engines_bitwise_equal_and_bumps_the_version(setup):
+    config, trainers, rollout, prompts = setup
+    for version in (1, 2, 3):
+        before = trainers.policy_state()
+        results = train_one_step(config, trainers, rollout, prompts, f"sync{version}")
+        assert all(set(result.response_versions.tolist()) == {version - 1} for result in results)
+        after = trainers.policy_state()
+        assert any(not np.array_equal(before[name], after[name]) for name in before)  # training moved weights
+        rollout.sync_weights(version)
+        assert_engines_equal_trainer(trainers, rollout, version)
+    new = rollout.generate(make_requests(prompts, 2, SamplingParams(max_new_tokens=6), 0, "after"))
+    assert all(set(result.response_versions.tolist()) == {3} for result in new)
+
+
+def test_sync_while_requests_are_in_flight_completes_and_they_finish(setup):
+    config, trainers, rollout, prompts = setup
+    version = rollout.version + 1
+    budget = 40
+    pending = rollout.start_generate(make_requests(prompts, 2, SamplingParams(max_new_tokens=budget, ignore_eos=True),
+                                                   0, "inflight"))
+    rollout.sync_weights(version)
+    results = pending.results()
+    assert all(result.num_response_tokens == budget for result in results)
+    assert all(result.finish_reason == "length" for result in results)
+    stamped = set(np.concatenate([result.response_versions for result in results]).tolist())
+    assert stamped <= {version - 1, version}
+    assert_engines_equal_trainer(trainers, rollout, version)
+
+
+@ray.remote
+class StuckReplica(RolloutReplica):
+    """A replica that joins the group but never takes part in a transfer."""
+
+    async def receive_weights(self, version):
+        await asyncio.sleep(3600)
+
+
+def test_a_replica_that_never_joins_the_transfer_fails_the_sync_in_time_naming_it(setup, tmp_path):
+    config, trainers, _, prompts = setup
+    import time
+    stuck = StuckReplica.options(num_cpus=0.1).remote(config, 7, 1)
+    rollout = ReplicaRollout([stuck], trainers, config)
+    rollout.names = ["rollout/replica7"]
+    host, port = "127.0.0.1", 29000 + int(time.time()) % 1000
+    rollout.connect_weights(host, port, engine_dtype=__import__("torch").float32)
+    started = time.monotonic()
+    with pytest.raises(RemoteTimeoutError, match="rollout/replica7"):
+        rollout.sync_weights(99)
+    assert time.monotonic() - started < config.weight_sync.timeout_s + 15
+    ray.kill(stuck)
