@@ -2,7 +2,8 @@
 
 The token at input position p is predicted by the hidden state at p - 1, so response column j of row i
 is read at position `prompt_lengths[i] + j - 1`. Log-probs use `log_softmax(logits / temperature)`, the
-very distribution the engine samples from and reports.
+very distribution the engine samples from and reports. Only the valid response tokens (response_mask > 0) go
+through the LM head, a chunk of tokens at a time (`lm_head.py`), so (B, R, V) logits never exist.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from asyncrl.algos import entropy_from_logits
 from asyncrl.models import CausalLM, ValueModel
 from asyncrl.train.batch import TrainBatch
+from asyncrl.train.lm_head import token_log_probs_and_entropy
 from asyncrl.train.micro_batches import micro_batches, scatter_rows
 
 
@@ -32,19 +33,16 @@ def response_log_probs(model: CausalLM, batch: TrainBatch, temperature: float,
                        with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
     """log-probs (B, R) of the response tokens (0 in padding columns) and, if asked, entropies (B, R)."""
     hidden = model(batch.input_ids, dense_positions(batch.input_ids))  # (B, T, H)
-    index = predictor_positions(batch)  # (B, R)
-    hidden = torch.gather(hidden, 1, index[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (B, R, H)
-    logits = model.compute_logits(hidden)  # (B, R, V) fp32
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_probs = torch.log_softmax(logits, dim=-1)
-    token_log_probs = torch.gather(log_probs, 2, batch.response_ids()[:, :, None]).squeeze(-1)  # (B, R)
-    valid = batch.response_mask > 0
-    token_log_probs = torch.where(valid, token_log_probs, torch.zeros_like(token_log_probs))
-    entropy = None
-    if with_entropy:
-        entropy = torch.where(valid, entropy_from_logits(logits), torch.zeros_like(token_log_probs))
-    return token_log_probs, entropy
+    rows, columns = torch.nonzero(batch.response_mask > 0, as_tuple=True)  # (N,) each
+    positions = predictor_positions(batch)[rows, columns]  # (N,)
+    token_log_probs, token_entropy = token_log_probs_and_entropy(
+        hidden[rows, positions], model.lm_head.weight, batch.response_ids()[rows, columns], temperature,
+        with_entropy)  # (N,) each
+    shape = batch.response_mask.shape
+    log_probs = token_log_probs.new_zeros(shape).index_put((rows, columns), token_log_probs)
+    if token_entropy is None:
+        return log_probs, None
+    return log_probs, token_entropy.new_zeros(shape).index_put((rows, columns), token_entropy)
 
 
 def response_values(model: ValueModel, batch: TrainBatch) -> Tensor:
