@@ -1,0 +1,70 @@
+"""docs/configuration.md is generated from the config dataclasses; these tests fail when it is stale.
+
+Regenerate with `python -m asyncrl.config.docs` after changing `asyncrl/config/schema.py`.
+"""
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+from asyncrl.config.docs import render_configuration_markdown
+from asyncrl.config.schema import AsyncRLConfig
+
+DOCS_FILE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+
+
+def leaf_paths(instance, prefix=""):
+    for field in dataclasses.fields(instance):
+        value = getattr(instance, field.name)
+        path = f"{prefix}{field.name}"
+        if dataclasses.is_dataclass(value):
+            yield from leaf_paths(value, path + ".")
+        else:
+            yield path
+
+
+def row_of(text, key):
+    rows = [line for line in text.splitlines() if line.startswith(f"| `{key}` |")]
+    assert len(rows) == 1, f"expected one row for {key}, found {len(rows)}"
+    return [cell.strip() for cell in rows[0].strip("|").split(" | ")]
+
+
+def test_configuration_markdown_is_current():
+    assert DOCS_FILE.read_text() == render_configuration_markdown(), \
+        "docs/configuration.md is stale: run `python -m asyncrl.config.docs`"
+
+
+def test_every_leaf_key_has_exactly_one_row():
+    text = render_configuration_markdown()
+    for path in leaf_paths(AsyncRLConfig()):
+        row_of(text, path)
+
+
+def test_rows_show_type_default_bounds_and_help():
+    text = render_configuration_markdown()
+    assert row_of(text, "actor.ppo_mini_batch_size") == [
+        "`actor.ppo_mini_batch_size`", "int", "`16`", "> 0", "prompts per optimizer step (x rollout.n rows)"]
+    key, kind, default, bounds, _ = row_of(text, "actor.optim.lr_warmup_steps_ratio")
+    assert (kind, default, bounds) == ("float", "`0.0`", ">= 0.0, <= 1.0")
+    # The critic's optimizer overrides the learning rate's default: the subclass's value is the one shown.
+    assert row_of(text, "critic.optim.lr")[2] == "`1e-05`"
+    assert row_of(text, "trainer.mode")[1] == r"sync \| one_step_off \| fully_async"
+    assert row_of(text, "critic.enable")[1:3] == [r"bool \| null", "`null`"]
+    assert row_of(text, "trainer.logger")[2] == "`[console, jsonl]`"
+
+
+def test_sections_carry_their_help():
+    text = render_configuration_markdown()
+    assert "## algorithm.rollout_correction\n\nOff-policy correction between the rollout" in text
+    assert "## async_training\n\nFully-async staleness control." in text
+
+
+def test_check_flag_reports_a_stale_file(tmp_path):
+    stale = tmp_path / "configuration.md"
+    stale.write_text("old\n")
+    command = [sys.executable, "-m", "asyncrl.config.docs", "--out", str(stale)]
+    assert subprocess.run([*command, "--check"], capture_output=True, timeout=120).returncode == 1
+    assert subprocess.run(command, capture_output=True, timeout=120).returncode == 0
+    assert subprocess.run([*command, "--check"], capture_output=True, timeout=120).returncode == 0
+    assert stale.read_text() == render_configuration_markdown()
