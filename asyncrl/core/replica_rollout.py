@@ -11,14 +11,13 @@ Every wait names the replica or trainer rank that did not answer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 import torch
 
 from asyncrl.config import AsyncRLConfig
-from asyncrl.core.rollout import spread
+from asyncrl.core.rollout import PendingGeneration, spread
 from asyncrl.core.trainer_group import TrainerGroup
 from asyncrl.distributed.remote import wait_for_all
 from asyncrl.distributed.weight_transport import TransferPlan
@@ -33,20 +32,6 @@ def transfer_plan(config: AsyncRLConfig, engine_dtype: torch.dtype) -> TransferP
         model = CausalLM(model_config)
     named_shapes = [(name, tuple(parameter.shape)) for name, parameter in model.named_parameters()]
     return TransferPlan.build(named_shapes, engine_dtype, config.weight_sync.bucket_mb << 20)
-
-
-@dataclass
-class PendingGeneration:
-    """Generation running in the background on the replicas."""
-    rollout: "ReplicaRollout"
-    requests: list[GenerationRequest]
-    refs: list[Any]
-    names: list[str]
-
-    def results(self) -> list[GenerationResult]:
-        parts = wait_for_all(self.refs, self.names, "generate", self.rollout.timeout_s)
-        by_id = {result.request_id: result for part in parts for result in part}
-        return [by_id[request.request_id] for request in self.requests]
 
 
 class ReplicaRollout:
@@ -79,7 +64,7 @@ class ReplicaRollout:
             if part:
                 refs.append(replica.generate_batch.remote(part))
                 names.append(name)
-        return PendingGeneration(self, list(requests), refs, names)
+        return PendingGeneration(list(requests), refs, names, self.timeout_s)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return self.start_generate(requests).results()

@@ -7,14 +7,37 @@ modes use replicas on their own devices (`asyncrl.distributed.rollout_replicas`)
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from asyncrl.core.trainer_group import TrainerGroup
+from asyncrl.distributed.remote import wait_for_all
 from asyncrl.engine import GenerationRequest, GenerationResult
+
+
+@dataclass
+class PendingGeneration:
+    """Generation running in the background (the remote calls are already dispatched)."""
+    requests: list[GenerationRequest]
+    refs: list[Any]
+    names: list[str]
+    timeout_s: float
+    generation_seconds: float = 0.0   # the slowest worker's generation time, known after results()
+
+    def results(self) -> list[GenerationResult]:
+        """Results in request order (blocks until every worker answered)."""
+        parts = wait_for_all(self.refs, self.names, "generate", self.timeout_s)
+        self.generation_seconds = max((seconds for _, seconds in parts), default=0.0)
+        by_id = {result.request_id: result for results, _ in parts for result in results}
+        return [by_id[request.request_id] for request in self.requests]
 
 
 class Rollout(Protocol):
     version: int
+
+    def start_generate(self, requests: list[GenerationRequest]) -> PendingGeneration:
+        """Dispatch generation and return at once."""
+        ...
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Results in request order."""
@@ -44,11 +67,14 @@ class ColocatedRollout:
         self.trainers = trainers
         self.version = 0
 
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    def start_generate(self, requests: list[GenerationRequest]) -> PendingGeneration:
         parts = spread(requests, self.trainers.world_size)
+        # Every rank gets a call (maybe empty): generation is not collective, but keeping ranks in step is simpler.
         refs = [actor.generate.remote(part) for actor, part in zip(self.trainers.actors, parts)]
-        results = {result.request_id: result for part in self.trainers.wait(refs, "generate") for result in part}
-        return [results[request.request_id] for request in requests]
+        return PendingGeneration(list(requests), refs, list(self.trainers.names), self.trainers.timeout_s)
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return self.start_generate(requests).results()
 
     def sync_weights(self, version: int) -> None:
         refs = [actor.sync_local_engine.remote(version) for actor in self.trainers.actors]

@@ -19,6 +19,7 @@ the metrics dict explicitly, so stages of different steps can run concurrently (
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from asyncrl.algos import ADVANTAGE_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_kl_penalty
@@ -27,7 +28,7 @@ from asyncrl.core.advantage import rollout_correction
 from asyncrl.core.metrics import advantage_metrics, sample_metrics
 from asyncrl.core.records import Sample, samples_to_batch
 from asyncrl.core.requests import make_requests
-from asyncrl.core.rollout import Rollout
+from asyncrl.core.rollout import PendingGeneration, Rollout
 from asyncrl.core.trainer_group import TrainerGroup
 from asyncrl.core.validation import validation_metrics
 from asyncrl.data.dataset import PromptDataset
@@ -36,6 +37,14 @@ from asyncrl.engine import SamplingParams
 from asyncrl.rewards import RewardExecutor, RewardRequest
 from asyncrl.telemetry import Timeline, Tracker, timed
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch
+
+
+@dataclass
+class GenerationJob:
+    """Generation dispatched by `start_generate`, collected by `finish_generate`."""
+    prompts: list[TokenizedPrompt]
+    num_samples: int
+    pending: PendingGeneration
 
 
 class PPOCore:
@@ -68,11 +77,22 @@ class PPOCore:
     # ---- stages ---------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[TokenizedPrompt], metrics: dict[str, float], salt: str,
                  validation: bool = False) -> list[Sample]:
+        return self.finish_generate(self.start_generate(prompts, salt, validation), metrics)
+
+    def start_generate(self, prompts: Sequence[TokenizedPrompt], salt: str, validation: bool = False) -> GenerationJob:
+        """Dispatch generation for `prompts` (rollout.n samples each, or val_kwargs.n) and return at once."""
         num_samples = self.config.rollout.val_kwargs.n if validation else self.config.rollout.n
         requests = make_requests(prompts, num_samples, self.sampling(validation), self.config.rollout.seed, salt)
+        return GenerationJob(list(prompts), num_samples, self.rollout.start_generate(requests))
+
+    def finish_generate(self, job: GenerationJob, metrics: dict[str, float]) -> list[Sample]:
+        """Wait for a dispatched generation. `timing_s/gen` is the time this call blocked; the generation
+        itself took `timing_s/generate_async` (less blocking than generating means generation was hidden)."""
         with self.timed(metrics, "gen"):
-            results = self.rollout.generate(requests)
-        return [Sample(prompts[index // num_samples], index // num_samples, index % num_samples, result)
+            results = job.pending.results()
+        metrics["timing_s/generate_async"] = job.pending.generation_seconds
+        num_samples = job.num_samples
+        return [Sample(job.prompts[index // num_samples], index // num_samples, index % num_samples, result)
                 for index, result in enumerate(results)]
 
     def compute_reward(self, samples: Sequence[Sample], metrics: dict[str, float]) -> list[Sample]:

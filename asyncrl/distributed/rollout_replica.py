@@ -11,6 +11,7 @@ stamped with the version of the weights that produced it.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Optional
 
 import numpy as np
@@ -36,10 +37,12 @@ class RolloutReplica:
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await self.engine.generate(request)
 
-    async def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        """All requests at once (continuous batching inside); results in request order."""
+    async def generate_batch(self, requests: list[GenerationRequest]) -> tuple[list[GenerationResult], float]:
+        """All requests at once (continuous batching inside); results in request order, and the seconds
+        this replica spent on them (so a caller that waited less can tell how much generation it hid)."""
+        started = time.monotonic()
         results = await asyncio.gather(*(self.engine.generate(request) for request in requests))
-        return list(results)
+        return list(results), time.monotonic() - started
 
     async def abort(self, request_ids: Optional[list[str]] = None) -> list[GenerationResult]:
         return await self.engine.abort(request_ids)

@@ -9,6 +9,7 @@ released) while the trainer runs, and `sync_local_engine` copies the gathered po
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
 import numpy as np
@@ -85,11 +86,13 @@ class TrainerRank:
         return self.sender.send(tensors)
 
     # ---- colocated engine ---------------------------------------------------------------------------
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    def generate(self, requests: list[GenerationRequest]) -> tuple[list[GenerationResult], float]:
+        """Results in request order and the seconds spent."""
         engine = self.require_engine()
+        started = time.monotonic()
         engine.wake()
         try:
-            return engine.generate(requests)
+            return engine.generate(requests), time.monotonic() - started
         finally:
             self.release_cache()
 

@@ -9,9 +9,10 @@ from typing import Any
 
 from asyncrl.config import AsyncRLConfig
 from asyncrl.recipes.runtime import build_runtime
+from asyncrl.recipes.one_step_off import OneStepOffRecipe
 from asyncrl.recipes.sync import SyncRecipe
 
-RECIPES = {"sync": SyncRecipe}
+RECIPES = {"sync": SyncRecipe, "one_step_off": OneStepOffRecipe}
 
 
 def train(config: AsyncRLConfig) -> dict[str, Any]:

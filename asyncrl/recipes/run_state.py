@@ -51,17 +51,23 @@ class RunState:
         return [self.runtime.train_data[index] for index in indices]
 
     # ---- checkpoints ----------------------------------------------------------------------------------
-    def driver_state(self, extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-        return {"step": self.step, "sampler": self.sampler.state_dict(), "core": self.runtime.core.state_dict(),
-                "num_samples": self.num_samples, "num_tokens": self.num_tokens, "recipe": extra or {}}
+    def driver_state(self, extra: Optional[dict[str, Any]] = None,
+                     sampler_state: Optional[dict[str, int]] = None) -> dict[str, Any]:
+        """`sampler_state` overrides the live cursor (a recipe with prompts in flight saves the cursor
+        from before them, so they are regenerated on resume)."""
+        return {"step": self.step, "sampler": sampler_state or self.sampler.state_dict(),
+                "core": self.runtime.core.state_dict(), "num_samples": self.num_samples,
+                "num_tokens": self.num_tokens, "recipe": extra or {}}
 
-    def save(self, extra: Optional[dict[str, Any]] = None) -> Path:
-        return self.checkpoints.save(self.step, self.driver_state(extra), self.runtime.trainers.save_checkpoint)
+    def save(self, extra: Optional[dict[str, Any]] = None, sampler_state: Optional[dict[str, int]] = None) -> Path:
+        return self.checkpoints.save(self.step, self.driver_state(extra, sampler_state),
+                                     self.runtime.trainers.save_checkpoint)
 
-    def maybe_save(self, extra: Optional[dict[str, Any]] = None) -> None:
+    def maybe_save(self, extra: Optional[dict[str, Any]] = None,
+                   sampler_state: Optional[dict[str, int]] = None) -> None:
         frequency = self.runtime.config.trainer.save_freq
         if frequency > 0 and self.step % frequency == 0:
-            self.save(extra)
+            self.save(extra, sampler_state)
 
     def resume(self) -> dict[str, Any]:
         """Restore the newest usable checkpoint (trainer.resume=auto) or a given one; the recipe's extra state."""

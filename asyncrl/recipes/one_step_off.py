@@ -1,0 +1,82 @@
+"""One-step-off-policy PPO / GRPO: generation of batch s+1 runs on the rollout devices while the trainer
+trains on batch s.
+
+    asyncrl train config.yaml trainer.mode=one_step_off rollout.n_gpus_per_node=1
+
+Step s: wait for batch s (`timing_s/wait_prev_gen`: the part of generation training did not hide), push
+the trainer's weights to the replicas, start generating batch s+1, then score and train on batch s with
+the same core stages as the sync recipe. Batch s was sampled by the weights pushed at step s-1, so every
+token is exactly one version stale (`staleness/mean` = 1). A generation never sees a weight change half
+way: the push happens between two generations. Old log-probs default to the rollout's (bypass mode);
+`algorithm.rollout_correction.bypass_mode=false` recomputes them on the trainer (decoupled mode).
+
+A checkpoint records the data cursor before the batch in flight, so a resumed run regenerates that batch
+instead of losing it, and trains no prompt twice.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from asyncrl.core.records import Sample
+from asyncrl.core.stages import GenerationJob
+from asyncrl.recipes.run_state import RunState
+from asyncrl.recipes.runtime import Runtime
+from asyncrl.telemetry import Progress
+
+
+class OneStepOffRecipe:
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
+        self.core = runtime.core
+        self.state = RunState.create(runtime)
+        self.cursor_before_in_flight: Optional[dict[str, int]] = None
+
+    def start_next(self, step: int) -> Optional[GenerationJob]:
+        """Dispatch generation of the batch for `step` (None when the data or the step budget is used up)."""
+        if step > self.state.total_steps or self.state.sampler.is_exhausted:
+            return None
+        self.cursor_before_in_flight = self.state.sampler.state_dict()
+        return self.core.start_generate(self.state.next_prompts(), salt=f"step{step}")
+
+    def step(self, job: GenerationJob, step: int) -> tuple[dict[str, float], list[Sample], Optional[GenerationJob]]:
+        metrics: dict[str, float] = {}
+        samples = self.core.finish_generate(job, metrics)
+        metrics["timing_s/wait_prev_gen"] = metrics["timing_s/gen"]
+        self.core.sync_weights(metrics)
+        next_job = self.start_next(step + 1)
+        samples = self.core.compute_reward(samples, metrics)
+        batch = self.core.build_batch(samples, metrics)
+        batch = self.core.compute_old_log_prob(batch, metrics)
+        batch = self.core.compute_ref_log_prob(batch, metrics)
+        batch = self.core.compute_values(batch, metrics)
+        batch = self.core.compute_advantage(batch, metrics)
+        self.core.update_critic(batch, step, metrics)
+        self.core.update_actor(batch, step, metrics)
+        return metrics, samples, next_job
+
+    def fit(self) -> dict[str, Any]:
+        state = self.state
+        state.resume()
+        initial: dict[str, float] = {}
+        if self.runtime.config.trainer.val_before_train and state.step == 0:
+            state.validate(initial)
+            self.core.log(initial, 0)
+        progress = Progress(state.total_steps, initial_step=state.step)
+        job = self.start_next(state.step + 1)
+        while job is not None:
+            started = time.monotonic()
+            metrics, samples, job = self.step(job, state.step + 1)
+            state.step += 1
+            num_tokens = sum(sample.result.prompt_ids.size + sample.num_response_tokens for sample in samples)
+            state.record_step(metrics, len(samples), num_tokens, time.monotonic() - started)
+            state.dump_rollouts(samples, self.core.decode)
+            state.maybe_validate(metrics)
+            self.core.log(metrics, state.step)
+            progress.update(state.step, metrics)
+            # The batch in flight is not in the checkpoint: it is regenerated from the cursor before it.
+            state.maybe_save(sampler_state=self.cursor_before_in_flight if job is not None else None)
+        progress.close()
+        self.core.sync_weights({})  # the final validation and export see the last update
+        return state.finish(initial)
