@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import time
 from typing import Any, Sequence
 
 from asyncrl.cli import USER_ERRORS, split_config_args
@@ -40,7 +39,6 @@ from asyncrl.config import AsyncRLConfig, ConfigError, load_config
 from asyncrl.core.records import Sample
 from asyncrl.recipes.run_state import RunState
 from asyncrl.recipes.runtime import Runtime, build_runtime
-from asyncrl.telemetry import Progress
 
 DEFAULT_MAX_GEN_ROUNDS = 8
 
@@ -132,28 +130,21 @@ class DynamicSamplingRecipe:
         })
         return renumber_groups(groups)
 
+    def begin(self) -> None:
+        pass
+
+    def has_next(self) -> bool:
+        return not self.state.is_done
+
+    def checkpoint_cursor(self) -> None:
+        return None  # every prompt drawn was trained or dropped within its step
+
+    def before_finish(self) -> None:
+        pass
+
     def fit(self) -> dict[str, Any]:
-        """The sync recipe's loop, except that the step draws its own prompts (as many rounds as it needs)."""
-        state = self.state
-        state.resume()
-        initial: dict[str, float] = {}
-        if self.runtime.config.trainer.val_before_train and state.step == 0:
-            state.validate(initial)
-            self.core.log(initial, 0)
-        progress = Progress(state.total_steps, initial_step=state.step)
-        while not state.is_done:
-            started = time.monotonic()
-            metrics, samples = self.step(state.step + 1)
-            state.step += 1
-            num_tokens = sum(sample.result.prompt_ids.size + sample.num_response_tokens for sample in samples)
-            state.record_step(metrics, len(samples), num_tokens, time.monotonic() - started)
-            state.dump_rollouts(samples, self.core.decode)
-            state.maybe_validate(metrics)
-            self.core.log(metrics, state.step)
-            progress.update(state.step, metrics)
-            state.maybe_save()
-        progress.close()
-        return state.finish(initial)
+        """The shared loop (`RunState.run`); only the step differs from the sync recipe."""
+        return self.state.run(self)
 
 
 def train_with_dynamic_sampling(config: AsyncRLConfig, max_gen_rounds: int = DEFAULT_MAX_GEN_ROUNDS) -> dict[str, Any]:

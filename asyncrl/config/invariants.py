@@ -56,6 +56,10 @@ def check_algorithm(config: AsyncRLConfig) -> None:
         raise ConfigError(
             f"algorithm.adv_estimator={algorithm.adv_estimator} compares responses within a group and needs "
             f"rollout.n >= 2, got rollout.n={config.rollout.n}")
+    if algorithm.adv_estimator == "remax":
+        raise ConfigError("algorithm.adv_estimator=remax needs a greedy baseline generation per prompt, which the "
+                          "training stages do not produce yet (the estimator exists in asyncrl.algos); use grpo, "
+                          "rloo or reinforce_plus_plus_baseline")
     if algorithm.adv_estimator == "gae" and config.critic.enable is False:
         raise ConfigError("algorithm.adv_estimator=gae needs a critic, but critic.enable=false")
     for key, value in (("algorithm.kl_penalty", algorithm.kl_penalty), ("actor.kl_loss_type", config.actor.kl_loss_type)):

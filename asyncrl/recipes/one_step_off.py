@@ -16,14 +16,12 @@ instead of losing it, and trains no prompt twice.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Optional
 
 from asyncrl.core.records import Sample
 from asyncrl.core.stages import GenerationJob
 from asyncrl.recipes.run_state import RunState
 from asyncrl.recipes.runtime import Runtime
-from asyncrl.telemetry import Progress
 
 
 class OneStepOffRecipe:
@@ -32,6 +30,7 @@ class OneStepOffRecipe:
         self.core = runtime.core
         self.state = RunState.create(runtime)
         self.cursor_before_in_flight: Optional[dict[str, int]] = None
+        self.job: Optional[GenerationJob] = None
 
     def start_next(self, step: int) -> Optional[GenerationJob]:
         """Dispatch generation of the batch for `step` (None when the data or the step budget is used up)."""
@@ -40,12 +39,18 @@ class OneStepOffRecipe:
         self.cursor_before_in_flight = self.state.sampler.state_dict()
         return self.core.start_generate(self.state.next_prompts(), salt=f"step{step}")
 
-    def step(self, job: GenerationJob, step: int) -> tuple[dict[str, float], list[Sample], Optional[GenerationJob]]:
+    def begin(self) -> None:
+        self.job = self.start_next(self.state.step + 1)
+
+    def has_next(self) -> bool:
+        return self.job is not None
+
+    def step(self, step: int) -> tuple[dict[str, float], list[Sample]]:
         metrics: dict[str, float] = {}
-        samples = self.core.finish_generate(job, metrics)
+        samples = self.core.finish_generate(self.job, metrics)
         metrics["timing_s/wait_prev_gen"] = metrics["timing_s/gen"]
         self.core.sync_weights(metrics)
-        next_job = self.start_next(step + 1)
+        self.job = self.start_next(step + 1)
         samples = self.core.compute_reward(samples, metrics)
         batch = self.core.build_batch(samples, metrics)
         batch = self.core.compute_old_log_prob(batch, metrics)
@@ -54,29 +59,14 @@ class OneStepOffRecipe:
         batch = self.core.compute_advantage(batch, metrics)
         self.core.update_critic(batch, step, metrics)
         self.core.update_actor(batch, step, metrics)
-        return metrics, samples, next_job
+        return metrics, samples
+
+    def checkpoint_cursor(self) -> Optional[dict[str, int]]:
+        # The batch in flight is not in the checkpoint: it is regenerated from the cursor before it.
+        return self.cursor_before_in_flight if self.job is not None else None
+
+    def before_finish(self) -> None:
+        self.core.sync_weights({})  # the final validation and the exported policy see the last update
 
     def fit(self) -> dict[str, Any]:
-        state = self.state
-        state.resume()
-        initial: dict[str, float] = {}
-        if self.runtime.config.trainer.val_before_train and state.step == 0:
-            state.validate(initial)
-            self.core.log(initial, 0)
-        progress = Progress(state.total_steps, initial_step=state.step)
-        job = self.start_next(state.step + 1)
-        while job is not None:
-            started = time.monotonic()
-            metrics, samples, job = self.step(job, state.step + 1)
-            state.step += 1
-            num_tokens = sum(sample.result.prompt_ids.size + sample.num_response_tokens for sample in samples)
-            state.record_step(metrics, len(samples), num_tokens, time.monotonic() - started)
-            state.dump_rollouts(samples, self.core.decode)
-            state.maybe_validate(metrics)
-            self.core.log(metrics, state.step)
-            progress.update(state.step, metrics)
-            # The batch in flight is not in the checkpoint: it is regenerated from the cursor before it.
-            state.maybe_save(sampler_state=self.cursor_before_in_flight if job is not None else None)
-        progress.close()
-        self.core.sync_weights({})  # the final validation and export see the last update
-        return state.finish(initial)
+        return self.state.run(self)

@@ -1,7 +1,8 @@
-"""What every recipe's loop shares: the data cursor, the step counter, checkpoint/resume, validation
-cadence, and the run's end (final validation, policy export, summary, plots).
+"""What every recipe shares: the training loop, the data cursor, the step counter, checkpoint/resume,
+validation cadence, and the run's end (final validation, policy export, summary, plots).
 
-The loop itself stays in each recipe, because the recipes differ exactly there (what overlaps with what).
+A recipe supplies only its step (and, if it keeps work in flight, when it has a next step and which data
+cursor a checkpoint must record); `RunState.run(recipe)` is the one loop every recipe uses.
 """
 
 from __future__ import annotations
@@ -11,15 +12,33 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from asyncrl.core.checkpoint import CheckpointManager
 from asyncrl.data.records import TokenizedPrompt
 from asyncrl.data.sampler import PromptSampler
 from asyncrl.recipes.runtime import Runtime, total_training_steps
-from asyncrl.telemetry import plot_run
+from asyncrl.telemetry import Progress, plot_run
 
 logger = logging.getLogger(__name__)
+
+
+class StepRecipe(Protocol):
+    def begin(self) -> None:
+        """Called once after resume and the first validation (start work that runs ahead of training)."""
+
+    def has_next(self) -> bool:
+        """Whether another training step follows."""
+
+    def step(self, step: int) -> tuple[dict[str, float], list[Any]]:
+        """Run training step `step`; its metrics and the samples it trained on."""
+
+    def checkpoint_cursor(self) -> Optional[dict[str, int]]:
+        """The data cursor a checkpoint records now (None: the live one); prompts generated ahead of
+        training are not in a checkpoint, so the cursor from before them is recorded."""
+
+    def before_finish(self) -> None:
+        """Called after the last step, before the final validation (e.g. push the last weights)."""
 
 
 @dataclass
@@ -46,9 +65,36 @@ class RunState:
     def is_done(self) -> bool:
         return self.step >= self.total_steps or self.sampler.is_exhausted
 
-    def next_prompts(self) -> list[TokenizedPrompt]:
-        indices = self.sampler.next_batch(self.runtime.config.data.train_batch_size)
+    def next_prompts(self, size: Optional[int] = None) -> list[TokenizedPrompt]:
+        """The next `size` prompts (default data.train_batch_size); fewer only at the end of the data."""
+        indices = self.sampler.next_batch(size or self.runtime.config.data.train_batch_size)
         return [self.runtime.train_data[index] for index in indices]
+
+    # ---- the loop -------------------------------------------------------------------------------------
+    def run(self, recipe: StepRecipe) -> dict[str, Any]:
+        """Resume, validate, train step by step (logging, validating and saving on cadence), finish."""
+        self.resume()
+        core = self.runtime.core
+        initial: dict[str, float] = {}
+        if self.runtime.config.trainer.val_before_train and self.step == 0:
+            self.validate(initial)
+            core.log(initial, 0)
+        recipe.begin()
+        progress = Progress(self.total_steps, initial_step=self.step)
+        while recipe.has_next():
+            started = time.monotonic()
+            metrics, samples = recipe.step(self.step + 1)
+            self.step += 1
+            num_tokens = sum(sample.result.prompt_ids.size + sample.num_response_tokens for sample in samples)
+            self.record_step(metrics, len(samples), num_tokens, time.monotonic() - started)
+            self.dump_rollouts(samples, core.decode)
+            self.maybe_validate(metrics)
+            core.log(metrics, self.step)
+            progress.update(self.step, metrics)
+            self.maybe_save(sampler_state=recipe.checkpoint_cursor())
+        progress.close()
+        recipe.before_finish()
+        return self.finish(initial)
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def driver_state(self, extra: Optional[dict[str, Any]] = None,

@@ -9,14 +9,11 @@ is only stage calls; the stages live in `asyncrl.core`.
 
 from __future__ import annotations
 
-import time
-from typing import Any
+from typing import Any, Optional
 
 from asyncrl.core.records import Sample
-from asyncrl.data.records import TokenizedPrompt
 from asyncrl.recipes.run_state import RunState
 from asyncrl.recipes.runtime import Runtime
-from asyncrl.telemetry import Progress
 
 
 class SyncRecipe:
@@ -25,9 +22,15 @@ class SyncRecipe:
         self.core = runtime.core
         self.state = RunState.create(runtime)
 
-    def step(self, prompts: list[TokenizedPrompt], step: int) -> tuple[dict[str, float], list[Sample]]:
+    def begin(self) -> None:
+        pass
+
+    def has_next(self) -> bool:
+        return not self.state.is_done
+
+    def step(self, step: int) -> tuple[dict[str, float], list[Sample]]:
         metrics: dict[str, float] = {}
-        samples = self.core.generate(prompts, metrics, salt=f"step{step}")
+        samples = self.core.generate(self.state.next_prompts(), metrics, salt=f"step{step}")
         samples = self.core.compute_reward(samples, metrics)
         batch = self.core.build_batch(samples, metrics)
         batch = self.core.compute_old_log_prob(batch, metrics)
@@ -39,25 +42,11 @@ class SyncRecipe:
         self.core.sync_weights(metrics)
         return metrics, samples
 
+    def checkpoint_cursor(self) -> Optional[dict[str, int]]:
+        return None  # nothing runs ahead of training
+
+    def before_finish(self) -> None:
+        pass
+
     def fit(self) -> dict[str, Any]:
-        state = self.state
-        state.resume()
-        initial: dict[str, float] = {}
-        if self.runtime.config.trainer.val_before_train and state.step == 0:
-            state.validate(initial)
-            self.core.log(initial, 0)
-        progress = Progress(state.total_steps, initial_step=state.step)
-        while not state.is_done:
-            started = time.monotonic()
-            prompts = state.next_prompts()
-            metrics, samples = self.step(prompts, state.step + 1)
-            state.step += 1
-            num_tokens = sum(sample.result.prompt_ids.size + sample.num_response_tokens for sample in samples)
-            state.record_step(metrics, len(samples), num_tokens, time.monotonic() - started)
-            state.dump_rollouts(samples, self.core.decode)
-            state.maybe_validate(metrics)
-            self.core.log(metrics, state.step)
-            progress.update(state.step, metrics)
-            state.maybe_save()
-        progress.close()
-        return state.finish(initial)
+        return self.state.run(self)
