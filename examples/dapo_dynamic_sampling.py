@@ -136,11 +136,14 @@ class DynamicSamplingRecipe:
     def has_next(self) -> bool:
         return not self.state.is_done
 
-    def checkpoint_cursor(self) -> None:
-        return None  # every prompt drawn was trained or dropped within its step
+    def maybe_checkpoint(self) -> None:
+        self.state.maybe_save()  # every prompt drawn was trained or dropped within its step
 
-    def before_finish(self) -> None:
+    def finish_training(self) -> None:
         pass
+
+    def save_final_checkpoint(self) -> None:
+        self.state.save()
 
     def fit(self) -> dict[str, Any]:
         """The shared loop (`RunState.run`); only the step differs from the sync recipe."""

@@ -29,12 +29,16 @@ class CheckpointManager:
         self.root = Path(root)
         self.max_checkpoints = max_checkpoints
 
-    def save(self, step: int, driver_state: dict[str, Any], save_trainer: Callable[[str], None]) -> Path:
+    def save(self, step: int, driver_state: dict[str, Any], save_trainer: Callable[[str], None],
+             artifacts: Optional[dict[str, bytes]] = None) -> Path:
+        """`artifacts` are extra files of the checkpoint (e.g. a recipe's queued samples)."""
         final = self.root / f"step_{step}"
         staging = self.root / f"step_{step}.tmp"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         save_trainer(str(staging / "trainer"))
+        for name, payload in (artifacts or {}).items():
+            (staging / name).write_bytes(payload)
         (staging / DRIVER_FILE).write_text(json.dumps(driver_state, indent=1, sort_keys=True))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)

@@ -29,12 +29,13 @@ from asyncrl.core.metrics import advantage_metrics, sample_metrics
 from asyncrl.core.records import Sample, samples_to_batch
 from asyncrl.core.requests import make_requests
 from asyncrl.core.rollout import PendingGeneration, Rollout
+from asyncrl.core.scoring import decode_response, score_samples
 from asyncrl.core.trainer_group import TrainerGroup
 from asyncrl.core.validation import validation_metrics
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.data.records import TokenizedPrompt
 from asyncrl.engine import SamplingParams
-from asyncrl.rewards import RewardExecutor, RewardRequest
+from asyncrl.rewards import RewardExecutor
 from asyncrl.telemetry import Timeline, Tracker, timed
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch
 
@@ -58,6 +59,7 @@ class PPOCore:
         self.tracker = tracker
         self.timeline = timeline
         self.version = 0  # owned here; the engines stamp it on every token after a sync
+        self.updates_since_sync = 0
         kl = config.algorithm.kl_ctrl
         self.kl_controller = AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon) if kl.type == "adaptive" \
             else FixedKLController(kl.kl_coef)
@@ -97,19 +99,12 @@ class PPOCore:
 
     def compute_reward(self, samples: Sequence[Sample], metrics: dict[str, float]) -> list[Sample]:
         with self.timed(metrics, "reward"):
-            requests = [RewardRequest(sample.prompt.record.data_source, self.decode(sample),
-                                      sample.prompt.record.ground_truth, sample.prompt.record.extra_info)
-                        for sample in samples]
-            results = self.reward.score(requests)
-        metrics.update(self.reward.metrics())
-        for name in sorted({name for result in results for name in result.extra}):
-            values = [result.extra[name] for result in results if name in result.extra]
-            metrics[f"reward/{name}/mean"] = sum(values) / len(values)
-        return [sample.with_reward(result.score, result.extra, result.error)
-                for sample, result in zip(samples, results)]
+            scored, reward_metrics = score_samples(samples, self.reward, self.tokenizer)
+        metrics.update(reward_metrics)
+        return scored
 
     def decode(self, sample: Sample) -> str:
-        return self.tokenizer.decode(sample.result.response_ids.tolist(), skip_special_tokens=True)
+        return decode_response(self.tokenizer, sample)
 
     def build_batch(self, samples: Sequence[Sample], metrics: dict[str, float]) -> TrainBatch:
         batch = samples_to_batch(samples)
@@ -117,12 +112,19 @@ class PPOCore:
         metrics["param_version"] = float(self.version)
         return batch
 
-    def compute_old_log_prob(self, batch: TrainBatch, metrics: dict[str, float]) -> TrainBatch:
-        """Bypass mode: the rollout's log-probs are the PPO anchor. Decoupled: recomputed by the trainer."""
+    def compute_old_log_prob(self, batch: TrainBatch, metrics: dict[str, float],
+                             anchor: str = "current") -> TrainBatch:
+        """Bypass mode: the rollout's log-probs are the PPO anchor. Decoupled: recomputed by the trainer,
+        with the current weights (`anchor="current"`) or with the last synced version (`"last_sync"`, for
+        recipes that update several times between syncs: a host snapshot taken at the first update after
+        each sync, while the weights still are that version)."""
         if self.config.algorithm.rollout_correction.bypass_mode:
             return batch.replace(old_log_probs=batch.need("rollout_log_probs", "compute_old_log_prob"))
         with self.timed(metrics, "old_log_prob"):
-            old_log_probs, entropy = self.trainers.compute_log_prob(batch)
+            use_snapshot = anchor == "last_sync" and self.updates_since_sync > 0
+            if anchor == "last_sync" and not use_snapshot:
+                self.trainers.snapshot_policy()
+            old_log_probs, entropy = self.trainers.compute_log_prob(batch, use_snapshot=use_snapshot)
         mask = batch.response_mask
         metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp_min(1))
         return batch.replace(old_log_probs=old_log_probs)
@@ -172,11 +174,13 @@ class PPOCore:
         with self.timed(metrics, "update_actor"):
             metrics.update(self.trainers.update_actor(batch, PolicyUpdateSpec.from_config(
                 self.config, batch.num_rows, step)))
+        self.updates_since_sync += 1
 
     def sync_weights(self, metrics: dict[str, float]) -> None:
         with self.timed(metrics, "sync_weights"):
             self.version += 1
             self.rollout.sync_weights(self.version)
+        self.updates_since_sync = 0
         metrics["param_version"] = float(self.version)
 
     def validate(self, dataset: PromptDataset, metrics: dict[str, float]) -> list[Sample]:

@@ -32,17 +32,23 @@ class TrainerGroup:
     def wait(self, refs: list, call: str) -> list:
         return wait_for_all(refs, self.names, call, self.timeout_s)
 
-    def per_row(self, batch: TrainBatch, call: str, method_of) -> list:
+    def per_row(self, batch: TrainBatch, call: str, method_of) -> tuple[list, list[list[int]]]:
         """Shard rows over ranks, call `method_of(actor)(arrays)` on each; (results, layout)."""
         shards, layout = shard_batch(batch, self.world_size)
         refs = [method_of(actor).remote(shard.to_numpy()) for actor, shard in zip(self.actors, shards)]
         return self.wait(refs, call), layout
 
-    def compute_log_prob(self, batch: TrainBatch) -> tuple[Tensor, Tensor]:
-        results, layout = self.per_row(batch, "compute_log_prob", lambda actor: actor.compute_log_prob)
+    def compute_log_prob(self, batch: TrainBatch, use_snapshot: bool = False) -> tuple[Tensor, Tensor]:
+        """Log-probs and entropies under the live policy, or under the snapshot taken by `snapshot_policy`."""
+        method = (lambda actor: actor.compute_log_prob_snapshot) if use_snapshot else \
+            (lambda actor: actor.compute_log_prob)
+        results, layout = self.per_row(batch, "compute_log_prob", method)
         log_probs = gather_rows([torch.from_numpy(log_prob) for log_prob, _ in results], layout, batch.num_rows)
         entropy = gather_rows([torch.from_numpy(entropy) for _, entropy in results], layout, batch.num_rows)
         return log_probs, entropy
+
+    def snapshot_policy(self) -> None:
+        self.wait([actor.snapshot_policy.remote() for actor in self.actors], "snapshot_policy")
 
     def compute_ref_log_prob(self, batch: TrainBatch) -> Tensor:
         results, layout = self.per_row(batch, "compute_ref_log_prob", lambda actor: actor.compute_ref_log_prob)

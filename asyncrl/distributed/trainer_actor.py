@@ -41,6 +41,18 @@ class TrainerRank:
         log_probs, entropy = self.worker.compute_log_prob(TrainBatch.from_numpy(arrays))
         return log_probs.numpy(), entropy.numpy()
 
+    def snapshot_policy(self) -> None:
+        """Keep a host copy of this rank's policy shards (the proximal policy of decoupled mode)."""
+        self.worker.actor.snapshot()
+
+    def compute_log_prob_snapshot(self, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Log-probs under the snapshot weights (swapped in, then back)."""
+        self.worker.actor.swap_snapshot()
+        try:
+            return self.compute_log_prob(arrays)
+        finally:
+            self.worker.actor.swap_snapshot()
+
     def compute_ref_log_prob(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         return self.worker.compute_ref_log_prob(TrainBatch.from_numpy(arrays)).numpy()
 

@@ -9,10 +9,11 @@ from typing import Any
 
 from asyncrl.config import AsyncRLConfig
 from asyncrl.recipes.runtime import build_runtime
+from asyncrl.recipes.fully_async import FullyAsyncRecipe
 from asyncrl.recipes.one_step_off import OneStepOffRecipe
 from asyncrl.recipes.sync import SyncRecipe
 
-RECIPES = {"sync": SyncRecipe, "one_step_off": OneStepOffRecipe}
+RECIPES = {"sync": SyncRecipe, "one_step_off": OneStepOffRecipe, "fully_async": FullyAsyncRecipe}
 
 
 def train(config: AsyncRLConfig) -> dict[str, Any]:

@@ -61,12 +61,15 @@ class OneStepOffRecipe:
         self.core.update_actor(batch, step, metrics)
         return metrics, samples
 
-    def checkpoint_cursor(self) -> Optional[dict[str, int]]:
+    def maybe_checkpoint(self) -> None:
         # The batch in flight is not in the checkpoint: it is regenerated from the cursor before it.
-        return self.cursor_before_in_flight if self.job is not None else None
+        self.state.maybe_save(sampler_state=self.cursor_before_in_flight if self.job is not None else None)
 
-    def before_finish(self) -> None:
+    def finish_training(self) -> None:
         self.core.sync_weights({})  # the final validation and the exported policy see the last update
+
+    def save_final_checkpoint(self) -> None:
+        self.state.save()
 
     def fit(self) -> dict[str, Any]:
         return self.state.run(self)

@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from asyncrl.core.checkpoint import CheckpointManager
 from asyncrl.data.records import TokenizedPrompt
@@ -33,12 +33,14 @@ class StepRecipe(Protocol):
     def step(self, step: int) -> tuple[dict[str, float], list[Any]]:
         """Run training step `step`; its metrics and the samples it trained on."""
 
-    def checkpoint_cursor(self) -> Optional[dict[str, int]]:
-        """The data cursor a checkpoint records now (None: the live one); prompts generated ahead of
-        training are not in a checkpoint, so the cursor from before them is recorded."""
+    def maybe_checkpoint(self) -> None:
+        """Checkpoint if the cadence says so (after every step)."""
 
-    def before_finish(self) -> None:
-        """Called after the last step, before the final validation (e.g. push the last weights)."""
+    def finish_training(self) -> None:
+        """After the last step, before the final validation (e.g. push the last weights)."""
+
+    def save_final_checkpoint(self) -> None:
+        """The checkpoint at the end of the run."""
 
 
 @dataclass
@@ -52,6 +54,7 @@ class RunState:
     num_tokens: int = 0
     started_s: float = field(default_factory=time.monotonic)
     last_validation: dict[str, float] = field(default_factory=dict)
+    resumed_from: Optional[Path] = None         # the checkpoint this run resumed from
 
     @classmethod
     def create(cls, runtime: Runtime) -> "RunState":
@@ -91,10 +94,10 @@ class RunState:
             self.maybe_validate(metrics)
             core.log(metrics, self.step)
             progress.update(self.step, metrics)
-            self.maybe_save(sampler_state=recipe.checkpoint_cursor())
+            recipe.maybe_checkpoint()
         progress.close()
-        recipe.before_finish()
-        return self.finish(initial)
+        recipe.finish_training()
+        return self.finish(initial, recipe.save_final_checkpoint)
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def driver_state(self, extra: Optional[dict[str, Any]] = None,
@@ -105,9 +108,10 @@ class RunState:
                 "core": self.runtime.core.state_dict(), "num_samples": self.num_samples,
                 "num_tokens": self.num_tokens, "recipe": extra or {}}
 
-    def save(self, extra: Optional[dict[str, Any]] = None, sampler_state: Optional[dict[str, int]] = None) -> Path:
+    def save(self, extra: Optional[dict[str, Any]] = None, sampler_state: Optional[dict[str, int]] = None,
+             artifacts: Optional[dict[str, bytes]] = None) -> Path:
         return self.checkpoints.save(self.step, self.driver_state(extra, sampler_state),
-                                     self.runtime.trainers.save_checkpoint)
+                                     self.runtime.trainers.save_checkpoint, artifacts)
 
     def maybe_save(self, extra: Optional[dict[str, Any]] = None,
                    sampler_state: Optional[dict[str, int]] = None) -> None:
@@ -123,6 +127,7 @@ class RunState:
         folder = self.checkpoints.find_resumable() if setting == "auto" else Path(setting)
         if folder is None:
             return {}
+        self.resumed_from = folder
         state = CheckpointManager.read_driver_state(folder)
         self.step, self.num_samples, self.num_tokens = state["step"], state["num_samples"], state["num_tokens"]
         self.sampler.load_state_dict(state["sampler"])
@@ -151,14 +156,14 @@ class RunState:
         metrics["perf/samples_per_s"] = num_samples / max(step_seconds, 1e-9)
         metrics["training/epoch"] = float(self.sampler.epoch)
 
-    def finish(self, initial_validation: dict[str, float]) -> dict[str, Any]:
+    def finish(self, initial_validation: dict[str, float], save_checkpoint: Callable[[], Any]) -> dict[str, Any]:
         """Final validation, checkpoint, policy export, summary.json and plots."""
         runtime = self.runtime
         metrics: dict[str, float] = {}
         self.validate(metrics)
         if metrics:
             runtime.core.log(metrics, self.step)
-        self.save()
+        save_checkpoint()
         runtime.trainers.export_policy(str(runtime.output_dir / "policy"))
         summary = {
             "steps": self.step, "samples": self.num_samples, "tokens": self.num_tokens,

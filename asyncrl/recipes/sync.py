@@ -9,7 +9,7 @@ is only stage calls; the stages live in `asyncrl.core`.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from asyncrl.core.records import Sample
 from asyncrl.recipes.run_state import RunState
@@ -42,11 +42,14 @@ class SyncRecipe:
         self.core.sync_weights(metrics)
         return metrics, samples
 
-    def checkpoint_cursor(self) -> Optional[dict[str, int]]:
-        return None  # nothing runs ahead of training
+    def maybe_checkpoint(self) -> None:
+        self.state.maybe_save()  # nothing runs ahead of training: the live cursor is the right one
 
-    def before_finish(self) -> None:
+    def finish_training(self) -> None:
         pass
+
+    def save_final_checkpoint(self) -> None:
+        self.state.save()
 
     def fit(self) -> dict[str, Any]:
         return self.state.run(self)

@@ -1,0 +1,80 @@
+"""The bounded queue between the rollouter and the trainer: a Ray asyncio actor of scored groups.
+
+`put` blocks while the queue is full (back-pressure: nothing is ever dropped), `get(count)` waits for up
+to `count` groups and returns fewer only once the stream has ended, and `None` once it is empty and ended.
+End of stream is explicit (`close`), never a sentinel item mixed with the data.
+
+    queue = SampleQueueActor.options(num_cpus=0).remote(capacity=M)
+    await queue.put.remote(group)            # rollouter
+    groups = ray.get(queue.get.remote(R))    # trainer; None at the end of the data
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any, Optional
+
+import ray
+
+
+class SampleQueue:
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"queue capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.items: deque = deque()
+        self.is_closed = False
+        self.changed = asyncio.Condition()
+        self.num_put = 0
+        self.num_got = 0
+        self.put_wait_s = 0.0
+
+    async def put(self, item: Any) -> int:
+        """Append (waiting while full); returns the size after the put."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async with self.changed:
+            await self.changed.wait_for(lambda: len(self.items) < self.capacity)
+            self.items.append(item)
+            self.num_put += 1
+            self.put_wait_s += loop.time() - started
+            self.changed.notify_all()
+            return len(self.items)
+
+    async def get(self, count: int, timeout_s: Optional[float] = None) -> Optional[list[Any]]:
+        """`count` items, oldest first; fewer only once closed; None when closed and empty.
+        Raises TimeoutError when `timeout_s` passes first."""
+        async with self.changed:
+            ready = lambda: len(self.items) >= count or self.is_closed  # noqa: E731
+            await asyncio.wait_for(self.changed.wait_for(ready), timeout_s)
+            if not self.items:
+                return None
+            taken = [self.items.popleft() for _ in range(min(count, len(self.items)))]
+            self.num_got += len(taken)
+            self.changed.notify_all()
+            return taken
+
+    async def close(self) -> None:
+        async with self.changed:
+            self.is_closed = True
+            self.changed.notify_all()
+
+    async def size(self) -> int:
+        return len(self.items)
+
+    async def snapshot(self) -> list[Any]:
+        """The queued items, oldest first (for a checkpoint; the queue keeps them)."""
+        return list(self.items)
+
+    async def restore(self, items: list[Any]) -> None:
+        async with self.changed:
+            self.items.extendleft(reversed(items))
+            self.changed.notify_all()
+
+    async def stats(self) -> dict[str, float]:
+        return {"fully_async/queue/size": float(len(self.items)), "fully_async/queue/num_put": float(self.num_put),
+                "fully_async/queue/num_got": float(self.num_got), "fully_async/queue/put_wait_s": self.put_wait_s}
+
+
+SampleQueueActor = ray.remote(SampleQueue)

@@ -1,0 +1,212 @@
+"""The fully-async rollouter: a Ray asyncio actor that owns the data cursor and streams scored groups.
+
+It admits one prompt at a time (a group of rollout.n requests spread over the replicas) while the
+staleness budget, the concurrency cap and the queue allow, scores each group as soon as its last
+response arrives, and puts it on the queue. It never drops a finished sample.
+
+At a weight sync the trainer calls `pause` (admission stops; without partial rollout the in-flight groups
+finish, with partial rollout their requests are aborted and the partial responses kept), then
+`resume(version)`, after which parked groups continue from their partial responses with the remaining
+token budget (only the unfinished responses of a group are resumed). While paused, `snapshot` returns
+everything a lossless checkpoint needs: the data cursor, the parked groups and the scored groups not
+yet on the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+import ray
+
+from asyncrl.config import AsyncRLConfig
+from asyncrl.core.records import Sample
+from asyncrl.core.requests import request_seed
+from asyncrl.core.scoring import score_samples
+from asyncrl.data.dataset import PromptDataset
+from asyncrl.data.records import TokenizedPrompt
+from asyncrl.data.sampler import PromptSampler
+from asyncrl.engine import GenerationRequest, GenerationResult, SamplingParams
+from asyncrl.models import load_tokenizer
+from asyncrl.recipes.fully_async.budget import StalenessBudget
+from asyncrl.rewards import RewardExecutor
+
+
+@dataclass
+class Group:
+    """One prompt's rollout.n responses; a slot is None until its response finished (or was aborted)."""
+    prompt: TokenizedPrompt
+    epoch: int
+    serial: int
+    results: list[Optional[GenerationResult]]
+    scored: list[Sample] = field(default_factory=list)
+
+    @property
+    def is_generated(self) -> bool:
+        return all(result is not None and result.finish_reason != "abort" for result in self.results)
+
+
+class Rollouter:
+    def __init__(self, config: AsyncRLConfig, replicas: list[Any], queue: Any, version: int, state: dict[str, Any]):
+        self.config = config
+        self.replicas = replicas
+        self.queue = queue
+        self.version = version
+        self.tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.path)
+        self.dataset = PromptDataset.from_files(config.data.train_files, self.tokenizer, config.data)
+        self.sampler = PromptSampler(len(self.dataset), config.data.shuffle, config.data.seed,
+                                     config.trainer.total_epochs)
+        self.reward = RewardExecutor(config.reward.custom_function, config.reward.timeout_s, config.reward.num_workers)
+        asynchronous = config.async_training
+        self.budget = StalenessBudget(config.actor.ppo_mini_batch_size * asynchronous.require_batches,
+                                      asynchronous.trigger_parameter_sync_step, asynchronous.staleness_threshold)
+        self.max_in_flight = asynchronous.max_concurrent_samples or min(16 * len(replicas), self.budget.max_per_version)
+        self.params = SamplingParams.from_rollout(config.rollout, config.data.max_response_length)
+        self.in_flight: dict[int, Group] = {}      # admitted, generating (or parked after an abort)
+        self.unqueued: dict[int, Group] = {}       # scored, on the way to the queue
+        self.restored: list[Group] = []
+        self.replica_load = [0] * len(replicas)
+        self.next_serial = 0
+        self.is_paused = False
+        self.resumed = asyncio.Event()
+        self.resumed.set()
+        self.settled = asyncio.Condition()
+        self.scoring = asyncio.Lock()
+        self.counters = {"generated_groups": 0, "resumed_responses": 0, "aborted_responses": 0}
+        self.idle_s, self.version_started_s, self.idle_since = 0.0, time.monotonic(), time.monotonic()
+        self.sampler.load_state_dict(state["sampler"])
+        self.restored = list(state["parked"])
+        self.next_serial = state["next_serial"]
+        self.budget.charged = len(self.restored) + state["queued"]
+
+    # ---- the feed -----------------------------------------------------------------------------------
+    async def run(self) -> dict[str, float]:
+        """Admit prompts until the data is used up, let every group finish, then end the stream."""
+        tasks = [asyncio.create_task(self.run_group(group)) for group in self.restored]
+        while True:
+            await self.wait_for_admission()
+            index = self.sampler.next_index()
+            if index is None:
+                break
+            group = Group(self.dataset[index], self.sampler.epoch, self.next_serial, [None] * self.config.rollout.n)
+            self.next_serial += 1
+            self.budget.admit()
+            tasks.append(asyncio.create_task(self.run_group(group)))
+        await asyncio.gather(*tasks)
+        await self.queue.close.remote()
+        return dict(self.counters)
+
+    async def wait_for_admission(self) -> None:
+        async with self.settled:
+            await self.settled.wait_for(lambda: not self.is_paused and self.budget.can_admit()
+                                        and len(self.in_flight) < self.max_in_flight)
+
+    def track_idle(self, num_generating: int) -> None:
+        """Idle time is time with no request generating on any replica (budget used up, queue full,
+        or paused for a sync)."""
+        now = time.monotonic()
+        if num_generating == 0 and self.idle_since is None:
+            self.idle_since = now
+        elif num_generating > 0 and self.idle_since is not None:
+            self.idle_s += now - self.idle_since
+            self.idle_since = None
+
+    async def run_group(self, group: Group) -> None:
+        self.in_flight[group.serial] = group
+        while not group.is_generated:
+            await self.resumed.wait()
+            pending = [slot for slot, result in enumerate(group.results)
+                       if result is None or result.finish_reason == "abort"]
+            outputs = await asyncio.gather(*(self.generate_one(group, slot) for slot in pending))
+            for slot, result in zip(pending, outputs):
+                group.results[slot] = result
+                self.counters["aborted_responses"] += result.finish_reason == "abort"
+            async with self.settled:
+                self.settled.notify_all()  # a pause may be waiting for this group to settle
+        samples = [Sample(group.prompt, 0, slot, result) for slot, result in enumerate(group.results)]
+        async with self.scoring:  # one scoring call at a time: the executor's worker pipes are not shared
+            group.scored, _ = await asyncio.to_thread(score_samples, samples, self.reward, self.tokenizer)
+        self.unqueued[group.serial] = group
+        del self.in_flight[group.serial]
+        self.counters["generated_groups"] += 1
+        await self.queue.put.remote(group.scored)
+        del self.unqueued[group.serial]
+        async with self.settled:
+            self.settled.notify_all()  # a pause waits until finished groups are on the queue
+
+    async def generate_one(self, group: Group, slot: int) -> GenerationResult:
+        replica = min(range(len(self.replicas)), key=self.replica_load.__getitem__)
+        seed = request_seed(self.config.rollout.seed, group.prompt.record.prompt_id, slot, f"epoch{group.epoch}")
+        params = replace(self.params, seed=seed)
+        previous = group.results[slot]
+        if previous is None:
+            request = GenerationRequest(f"g{group.serial}/{slot}", group.prompt.prompt_ids, params)
+        else:
+            request = GenerationRequest.resume(previous, params)
+            self.counters["resumed_responses"] += 1
+        self.replica_load[replica] += 1
+        self.track_idle(sum(self.replica_load))
+        try:
+            return await self.replicas[replica].generate.remote(request)
+        finally:
+            self.replica_load[replica] -= 1
+            self.track_idle(sum(self.replica_load))
+
+    # ---- the sync protocol --------------------------------------------------------------------------
+    async def pause(self) -> dict[str, float]:
+        """Stop admitting and let generation settle: without partial rollout the in-flight groups finish;
+        with it, their requests are aborted (partial responses kept). Returns when nothing generates."""
+        started = time.monotonic()
+        self.is_paused = True
+        self.resumed.clear()
+        if self.config.async_training.partial_rollout:
+            await asyncio.gather(*(replica.abort.remote() for replica in self.replicas))
+        async with self.settled:
+            await self.settled.wait_for(self.is_settled)
+        return {"timing_s/rollouter_pause": time.monotonic() - started}
+
+    def is_settled(self) -> bool:
+        """Nothing generates and every finished group is on the queue: what is left in flight are parked
+        groups, each holding at least one aborted response (partial rollout)."""
+        parked = all(all(result is not None for result in group.results) and not group.is_generated
+                     for group in self.in_flight.values())
+        return parked and not self.unqueued
+
+    async def resume(self, version: int, queue_size: int) -> dict[str, float]:
+        """A new version: charge outstanding work to its budget, report the last version's idle ratio,
+        and let parked groups continue."""
+        now = time.monotonic()
+        idle_s = self.idle_s + (now - self.idle_since if self.idle_since is not None else 0.0)
+        version_s = max(now - self.version_started_s, 1e-9)
+        metrics = {"rollouter/idle_ratio": min(1.0, idle_s / version_s), "rollouter/version_time": version_s}
+        self.idle_s, self.version_started_s = 0.0, now
+        self.idle_since = now if self.idle_since is not None else None
+        self.version = version
+        self.budget.on_sync(len(self.in_flight) + len(self.unqueued) + queue_size)
+        self.is_paused = False
+        self.resumed.set()
+        async with self.settled:
+            self.settled.notify_all()
+        return metrics
+
+    async def cursor(self) -> dict[str, int]:
+        return self.sampler.state_dict()
+
+    async def snapshot(self) -> dict[str, Any]:
+        """Everything a checkpoint needs from the rollouter (call while paused)."""
+        if not self.is_paused:
+            raise RuntimeError("rollouter snapshot taken while generating; pause first")
+        return {"sampler": self.sampler.state_dict(), "parked": list(self.in_flight.values()),
+                "next_serial": self.next_serial}
+
+    async def stats(self) -> dict[str, float]:
+        return {"fully_async/rollouter/in_flight": float(len(self.in_flight)),
+                "fully_async/rollouter/budget_charged": float(self.budget.charged),
+                "fully_async/rollouter/budget_per_version": float(self.budget.max_per_version),
+                **{f"fully_async/count/{name}": float(value) for name, value in self.counters.items()},
+                **self.reward.metrics()}
+
+
+RolloutActor = ray.remote(Rollouter)

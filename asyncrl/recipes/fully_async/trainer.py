@@ -1,0 +1,186 @@
+"""Fully-asynchronous PPO / GRPO: a streaming rollouter, a bounded queue, and this trainer loop.
+
+    asyncrl train config.yaml trainer.mode=fully_async async_training.staleness_threshold=0.5 \
+        async_training.trigger_parameter_sync_step=2 async_training.partial_rollout=true
+
+Each local step takes R = actor.ppo_mini_batch_size x async_training.require_batches scored groups from
+the queue (`timing_s/gen` is the time the trainer waited: `trainer/idle_ratio`), and runs the core's
+stages on them. Every K = trigger_parameter_sync_step local steps it syncs: pause the rollouter (abort
+in-flight requests with partial rollout, else let them finish) -> [checkpoint, while everything is
+still] -> push weights -> version + 1 -> resume. The four operating modes of the reference system are
+settings of the same loop: on-policy pipeline (K=1, s=0), stream off-policy (K>1, s=0), stale samples
+(s>0) and partial rollout (s>0, partial_rollout=true).
+
+Old log-probs are the rollout's (bypass) by default; with `bypass_mode=false` the proximal policy is the
+last synced version: a host snapshot of the weights taken at the first local step after each sync.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import time
+from typing import Any, Optional
+
+import ray
+
+from asyncrl.core.records import Sample
+from asyncrl.core.replica_rollout import ReplicaRollout
+from asyncrl.distributed.remote import wait_for
+from asyncrl.recipes.fully_async.metrics import sample_version_metrics
+from asyncrl.recipes.fully_async.queue import SampleQueueActor
+from asyncrl.recipes.fully_async.rollouter import RolloutActor
+from asyncrl.recipes.run_state import RunState
+from asyncrl.recipes.runtime import Runtime
+
+STATE_FILE = "fully_async_state.pkl"
+
+
+class FullyAsyncRecipe:
+    def __init__(self, runtime: Runtime):
+        if not isinstance(runtime.rollout, ReplicaRollout):
+            raise TypeError("trainer.mode=fully_async needs rollout replicas on their own devices")
+        self.runtime = runtime
+        self.core = runtime.core
+        self.config = runtime.config
+        self.state = RunState.create(runtime)
+        asynchronous = self.config.async_training
+        self.prompts_per_step = self.config.actor.ppo_mini_batch_size * asynchronous.require_batches
+        self.steps_per_sync = asynchronous.trigger_parameter_sync_step
+        self.state.total_steps = self.total_steps()
+        self.local_step = 0
+        self.timeout_s = self.config.ray.rpc_timeout_s
+        self.next_groups: Optional[list[list[Sample]]] = None
+        self.wait_s = 0.0
+        self.stale_samples = 0
+        self.trained_prompt_keys: set[str] = set()
+        self.queue: Any = None
+        self.rollouter: Any = None
+        self.rollouter_run: Any = None
+
+    def total_steps(self) -> int:
+        num_prompts = len(self.runtime.train_data) * self.config.trainer.total_epochs
+        steps = -(-num_prompts // self.prompts_per_step)
+        return min(steps, self.config.trainer.total_steps) if self.config.trainer.total_steps > 0 else steps
+
+    # ---- StepRecipe -----------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Start the queue and the rollouter (restoring their checkpointed contents), then stream."""
+        saved = self.load_saved_state()
+        self.queue = SampleQueueActor.options(num_cpus=0).remote(capacity=self.budget_per_version())
+        queued = saved["queue"] if saved else []
+        if queued:
+            wait_for(self.queue.restore.remote(queued), "fully_async/queue", "restore", self.timeout_s)
+        # Without a saved rollouter state (fresh run, or a checkpoint written at the end) the cursor is the driver's.
+        rollouter_state = {**saved["rollouter"], "queued": len(queued)} if saved else \
+            {"sampler": self.state.sampler.state_dict(), "parked": [], "next_serial": 0, "queued": 0}
+        self.rollouter = RolloutActor.options(num_cpus=0.05).remote(
+            self.config, self.runtime.rollout.replicas, self.queue, self.core.version, rollouter_state)
+        self.rollouter_run = self.rollouter.run.remote()
+
+    def budget_per_version(self) -> int:
+        return int(self.prompts_per_step * (1 + self.config.async_training.staleness_threshold) * self.steps_per_sync)
+
+    def has_next(self) -> bool:
+        if self.state.step >= self.state.total_steps:
+            return False
+        started = time.monotonic()
+        self.next_groups = self.take(self.prompts_per_step)
+        self.wait_s = time.monotonic() - started
+        return self.next_groups is not None
+
+    def take(self, count: int) -> Optional[list[list[Sample]]]:
+        """Up to `count` groups (fewer only at the end of the data; a short last batch is trained, not dropped)."""
+        ready, _ = ray.wait([self.rollouter_run], timeout=0)
+        if ready:
+            wait_for(self.rollouter_run, "fully_async/rollouter", "run", self.timeout_s)  # surfaces its errors
+        return wait_for(self.queue.get.remote(count, self.timeout_s), "fully_async/queue", "get", self.timeout_s + 10)
+
+    def step(self, step: int) -> tuple[dict[str, float], list[Sample]]:
+        metrics: dict[str, float] = {"timing_s/gen": self.wait_s}
+        samples = [dataclasses.replace(sample, group_index=index)
+                   for index, group in enumerate(self.next_groups) for sample in group]
+        self.local_step += 1
+        batch = self.core.build_batch(samples, metrics)
+        batch = self.core.compute_old_log_prob(batch, metrics, anchor="last_sync")
+        batch = self.core.compute_ref_log_prob(batch, metrics)
+        batch = self.core.compute_values(batch, metrics)
+        batch = self.core.compute_advantage(batch, metrics)
+        self.core.update_critic(batch, step, metrics)
+        self.core.update_actor(batch, step, metrics)
+        self.record_samples(samples, metrics)
+        if self.local_step % self.steps_per_sync == 0:
+            self.sync(metrics)
+        return metrics, samples
+
+    def record_samples(self, samples: list[Sample], metrics: dict[str, float]) -> None:
+        version_metrics, num_stale = sample_version_metrics(samples, self.core.version)
+        self.stale_samples += num_stale
+        metrics.update(version_metrics)
+        metrics["fully_async/count/stale_samples_processed"] = float(self.stale_samples)
+        metrics["trainer/idle_ratio"] = self.wait_s / max(self.wait_s + sum(
+            value for key, value in metrics.items() if key.startswith("timing_s/") and key != "timing_s/gen"), 1e-9)
+        for sample in samples:
+            if sample.sample_index == 0:
+                self.trained_prompt_keys.add(prompt_key(sample))
+
+    def sync(self, metrics: dict[str, float]) -> None:
+        """Pause the rollouter, checkpoint if due (everything is still), push weights, resume."""
+        metrics.update(wait_for(self.rollouter.pause.remote(), "fully_async/rollouter", "pause", self.timeout_s))
+        version = self.core.version + 1
+        save_freq = self.config.trainer.save_freq
+        if save_freq > 0 and version % save_freq == 0:
+            self.save_checkpoint()
+        self.core.sync_weights(metrics)
+        queue_size = wait_for(self.queue.size.remote(), "fully_async/queue", "size", self.timeout_s)
+        metrics.update(wait_for(self.rollouter.resume.remote(self.core.version, queue_size),
+                                "fully_async/rollouter", "resume", self.timeout_s))
+        metrics.update(wait_for(self.queue.stats.remote(), "fully_async/queue", "stats", self.timeout_s))
+        metrics.update(wait_for(self.rollouter.stats.remote(), "fully_async/rollouter", "stats", self.timeout_s))
+
+    def maybe_checkpoint(self) -> None:
+        """Nothing here: fully-async checkpoints are written inside syncs, while everything is still."""
+
+    def finish_training(self) -> None:
+        """Stop generating (a run may end on its step budget with work in flight) and push the last update,
+        so the final validation and the exported policy see it (pitfall P1: a cycle may be incomplete)."""
+        metrics = wait_for(self.rollouter.pause.remote(), "fully_async/rollouter", "pause", self.timeout_s)
+        if self.core.updates_since_sync:
+            self.core.sync_weights(metrics)
+
+    def save_final_checkpoint(self) -> None:
+        self.save_checkpoint()
+
+    def fit(self) -> dict[str, Any]:
+        try:
+            return self.state.run(self)
+        finally:
+            for handle in (self.rollouter, self.queue):
+                if handle is not None:
+                    ray.kill(handle)
+
+    # ---- lossless checkpoints -------------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        """Called while the rollouter is paused: the data cursor, parked partial groups and queued groups
+        are saved with the trainer, so a resume neither loses nor repeats a prompt."""
+        rollouter = wait_for(self.rollouter.snapshot.remote(), "fully_async/rollouter", "snapshot", self.timeout_s)
+        queued = wait_for(self.queue.snapshot.remote(), "fully_async/queue", "snapshot", self.timeout_s)
+        self.state.sampler.load_state_dict(rollouter["sampler"])  # the driver state records the rollouter's cursor
+        artifact = pickle.dumps({"rollouter": rollouter, "queue": queued, "local_step": self.local_step,
+                                 "stale_samples": self.stale_samples,
+                                 "trained_prompt_keys": sorted(self.trained_prompt_keys)})
+        self.state.save(extra={"trained_prompts": len(self.trained_prompt_keys)}, artifacts={STATE_FILE: artifact})
+
+    def load_saved_state(self) -> Optional[dict[str, Any]]:
+        folder = self.state.resumed_from
+        if folder is None or not (folder / STATE_FILE).is_file():
+            return None
+        saved = pickle.loads((folder / STATE_FILE).read_bytes())
+        self.local_step = saved["local_step"]
+        self.stale_samples = saved["stale_samples"]
+        self.trained_prompt_keys = set(saved["trained_prompt_keys"])
+        return saved
+
+
+def prompt_key(sample: Sample) -> str:
+    return sample.prompt.record.prompt_id
