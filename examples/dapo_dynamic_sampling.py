@@ -107,12 +107,12 @@ class DynamicSamplingRecipe:
         scores: list[float] = []
         num_rounds = 0
         while len(with_signal) < num_groups and num_rounds < self.max_gen_rounds:
-            prompts = self.state.next_prompts()
+            prompts, salts = self.state.next_prompts()
             if not prompts:  # the last epoch ran out mid-step: train on what there is
                 break
             num_rounds += 1
             # Stage metrics of every round land in one dict: timings add up, reward counters are the latest.
-            samples = self.core.generate(prompts, metrics, salt=f"step{step}/round{num_rounds}")
+            samples = self.core.generate(prompts, salts, metrics)
             samples = self.core.compute_reward(samples, metrics)
             scores += [sample.score for sample in samples]
             for group in split_into_groups(samples):

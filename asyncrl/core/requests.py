@@ -21,10 +21,13 @@ def request_seed(base_seed: int, prompt_id: str, sample_index: int, salt: str) -
 
 
 def make_requests(prompts: Sequence[TokenizedPrompt], num_samples: int, params: SamplingParams, base_seed: int,
-                  salt: str) -> list[GenerationRequest]:
-    """num_samples requests per prompt, grouped: prompt 0's samples first. Ids are '<salt>/<prompt id>/<k>'."""
+                  salts: str | Sequence[str]) -> list[GenerationRequest]:
+    """num_samples requests per prompt, grouped: prompt 0's samples first. `salts` is one per prompt (or one
+    for all), e.g. "epoch0": the same prompt in the same epoch draws the same numbers in every mode, so
+    modes can be compared sample for sample. Ids are '<salt>/<prompt id>/<k>'."""
+    salts = [salts] * len(prompts) if isinstance(salts, str) else list(salts)
     requests = []
-    for prompt in prompts:
+    for prompt, salt in zip(prompts, salts):
         for sample_index in range(num_samples):
             seed = request_seed(base_seed, prompt.record.prompt_id, sample_index, salt)
             requests.append(GenerationRequest(f"{salt}/{prompt.record.prompt_id}/{sample_index}",

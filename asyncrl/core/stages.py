@@ -1,7 +1,8 @@
 """The reusable PPO step: one method per stage. Recipes compose them; no recipe re-implements one.
 
     metrics = {}
-    samples = core.generate(prompts, metrics, salt=f"step{step}")
+    prompts, salts = state.next_prompts()
+    samples = core.generate(prompts, salts, metrics)
     samples = core.compute_reward(samples, metrics)
     batch = core.build_batch(samples, metrics)
     batch = core.compute_old_log_prob(batch, metrics)
@@ -77,14 +78,16 @@ class PPOCore:
         return SamplingParams(temperature=val.temperature, top_p=val.top_p, top_k=val.top_k, max_new_tokens=budget)
 
     # ---- stages ---------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[TokenizedPrompt], metrics: dict[str, float], salt: str,
+    def generate(self, prompts: Sequence[TokenizedPrompt], salts: str | Sequence[str], metrics: dict[str, float],
                  validation: bool = False) -> list[Sample]:
-        return self.finish_generate(self.start_generate(prompts, salt, validation), metrics)
+        return self.finish_generate(self.start_generate(prompts, salts, validation), metrics)
 
-    def start_generate(self, prompts: Sequence[TokenizedPrompt], salt: str, validation: bool = False) -> GenerationJob:
-        """Dispatch generation for `prompts` (rollout.n samples each, or val_kwargs.n) and return at once."""
+    def start_generate(self, prompts: Sequence[TokenizedPrompt], salts: str | Sequence[str],
+                       validation: bool = False) -> GenerationJob:
+        """Dispatch generation for `prompts` (rollout.n samples each, or val_kwargs.n) and return at once.
+        `salts` seed the requests (one per prompt, or one for all; see `make_requests`)."""
         num_samples = self.config.rollout.val_kwargs.n if validation else self.config.rollout.n
-        requests = make_requests(prompts, num_samples, self.sampling(validation), self.config.rollout.seed, salt)
+        requests = make_requests(prompts, num_samples, self.sampling(validation), self.config.rollout.seed, salts)
         return GenerationJob(list(prompts), num_samples, self.rollout.start_generate(requests))
 
     def finish_generate(self, job: GenerationJob, metrics: dict[str, float]) -> list[Sample]:
@@ -190,7 +193,7 @@ class PPOCore:
         with self.timed(metrics, "validate"):
             for start in range(0, len(dataset), size):
                 prompts = dataset.prompts[start:start + size]
-                samples += self.compute_reward(self.generate(prompts, {}, salt="val", validation=True), {})
+                samples += self.compute_reward(self.generate(prompts, "val", {}, validation=True), {})
         metrics.update(validation_metrics(samples, self.config.rollout.val_kwargs.n))
         return samples
 

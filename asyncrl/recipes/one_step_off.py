@@ -37,7 +37,7 @@ class OneStepOffRecipe:
         if step > self.state.total_steps or self.state.sampler.is_exhausted:
             return None
         self.cursor_before_in_flight = self.state.sampler.state_dict()
-        return self.core.start_generate(self.state.next_prompts(), salt=f"step{step}")
+        return self.core.start_generate(*self.state.next_prompts())
 
     def begin(self) -> None:
         self.job = self.start_next(self.state.step + 1)

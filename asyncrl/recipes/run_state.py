@@ -68,10 +68,17 @@ class RunState:
     def is_done(self) -> bool:
         return self.step >= self.total_steps or self.sampler.is_exhausted
 
-    def next_prompts(self, size: Optional[int] = None) -> list[TokenizedPrompt]:
-        """The next `size` prompts (default data.train_batch_size); fewer only at the end of the data."""
-        indices = self.sampler.next_batch(size or self.runtime.config.data.train_batch_size)
-        return [self.runtime.train_data[index] for index in indices]
+    def next_prompts(self, size: Optional[int] = None) -> tuple[list[TokenizedPrompt], list[str]]:
+        """The next `size` prompts (default data.train_batch_size; fewer only at the end of the data) and
+        their seed salts ("epoch<e>": a prompt draws the same numbers in an epoch whatever the mode)."""
+        prompts, salts = [], []
+        for _ in range(size or self.runtime.config.data.train_batch_size):
+            index = self.sampler.next_index()
+            if index is None:
+                break
+            prompts.append(self.runtime.train_data[index])
+            salts.append(f"epoch{self.sampler.epoch}")
+        return prompts, salts
 
     # ---- the loop -------------------------------------------------------------------------------------
     def run(self, recipe: StepRecipe) -> dict[str, Any]:
@@ -188,4 +195,5 @@ class RunState:
                     "prompt_id": sample.prompt_id, "sample_index": sample.sample_index,
                     "prompt": self.runtime.tokenizer.decode(sample.result.prompt_ids.tolist()),
                     "response": decode(sample), "score": sample.score, "finish_reason": sample.result.finish_reason,
+                    "num_tokens": sample.num_response_tokens,
                     "versions": sorted(set(sample.result.response_versions.tolist()))}) + "\n")

@@ -30,7 +30,8 @@ class SyncRecipe:
 
     def step(self, step: int) -> tuple[dict[str, float], list[Sample]]:
         metrics: dict[str, float] = {}
-        samples = self.core.generate(self.state.next_prompts(), metrics, salt=f"step{step}")
+        prompts, salts = self.state.next_prompts()
+        samples = self.core.generate(prompts, salts, metrics)
         samples = self.core.compute_reward(samples, metrics)
         batch = self.core.build_batch(samples, metrics)
         batch = self.core.compute_old_log_prob(batch, metrics)
