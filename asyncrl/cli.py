@@ -72,7 +72,8 @@ def command_sft(options: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = {"engine": "asyncrl.bench.engine", "trainer": "asyncrl.bench.trainer", "sync": "asyncrl.bench.sync"}
+BENCHMARKS = {"engine": "asyncrl.bench.engine", "trainer": "asyncrl.bench.trainer", "sync": "asyncrl.bench.sync",
+              "modes": "asyncrl.bench.modes"}
 
 
 def command_bench(options: argparse.Namespace) -> int:

@@ -32,40 +32,10 @@ import transformers
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from asyncrl.engine.kv_cache import bytes_per_block
 from asyncrl.bench.models import QWEN2_SHAPES, qwen2_config, random_model
+from asyncrl.core.lengths import LengthDistribution
 from asyncrl.models import CausalLM, TransformerConfig, iter_named_tensors, load_model
 
 H200_BANDWIDTH = 4.8e12  # bytes/s of HBM3e on an H200
-
-
-@dataclass(frozen=True)
-class LengthDistribution:
-    """Per-request lengths: "fixed" (= low), "uniform" in [low, high], or "lognormal" with median low,
-    shape sigma, capped at high."""
-
-    kind: str
-    low: int
-    high: int
-    sigma: float = 1.0
-
-    @classmethod
-    def parse(cls, text: str | int) -> LengthDistribution:
-        parts = str(text).split(":")
-        if parts[0] == "lognormal" and len(parts) in (3, 4):
-            return cls("lognormal", int(parts[1]), int(parts[2]), float(parts[3]) if len(parts) == 4 else 1.0)
-        if len(parts) == 1 and parts[0].isdigit():
-            return cls("fixed", int(parts[0]), int(parts[0]))
-        if len(parts) == 2 and all(part.isdigit() for part in parts):
-            return cls("uniform", int(parts[0]), int(parts[1]))
-        raise ValueError(f"lengths must be 'N', 'LOW:HIGH' or 'lognormal:MEDIAN:CAP[:SIGMA]', got {text!r}")
-
-    def sample(self, count: int, generator: np.random.Generator) -> np.ndarray:
-        if self.kind == "fixed":
-            lengths = np.full(count, self.low)
-        elif self.kind == "uniform":
-            lengths = generator.integers(self.low, self.high + 1, size=count)
-        else:
-            lengths = np.minimum(np.round(generator.lognormal(np.log(self.low), self.sigma, size=count)), self.high)
-        return np.maximum(lengths, 1).astype(np.int64)
 
 
 def make_workload(num_requests: int, prompt_lengths: LengthDistribution, output_lengths: LengthDistribution,

@@ -19,6 +19,7 @@ def check_invariants(config: AsyncRLConfig) -> None:
     check_batch_sizes(config)
     check_algorithm(config)
     check_async(config)
+    check_length_distribution(config.rollout.length_distribution)
     unknown_loggers = sorted(set(config.trainer.logger) - LOGGERS)
     if unknown_loggers:
         raise ConfigError(f"trainer.logger: unknown tracker(s) {unknown_loggers}; valid: {sorted(LOGGERS)}")
@@ -81,6 +82,17 @@ def check_async(config: AsyncRLConfig) -> None:
         raise ConfigError(
             f"async_training.partial_rollout / staleness_threshold only apply to trainer.mode=fully_async, "
             f"got trainer.mode={config.trainer.mode}")
+
+
+def check_length_distribution(text: str) -> None:
+    parts = text.split(":") if text else []
+    is_number = lambda part: part.isdigit() and int(part) > 0  # noqa: E731
+    valid = (not parts or (len(parts) == 1 and is_number(parts[0]))
+             or (len(parts) == 2 and all(map(is_number, parts)))
+             or (parts[0] == "lognormal" and len(parts) in (3, 4) and is_number(parts[1]) and is_number(parts[2])))
+    if not valid:
+        raise ConfigError(f"rollout.length_distribution: {text!r} is not 'N', 'LOW:HIGH' or "
+                          f"'lognormal:MEDIAN:CAP[:SIGMA]'")
 
 
 def needs_critic(config: AsyncRLConfig) -> bool:

@@ -61,6 +61,10 @@ class RolloutConfig:
     top_p: float = option(1.0, "nucleus sampling threshold", gt=0.0, le=1.0)
     top_k: int = option(-1, "top-k sampling; -1 disables", ge=-1)
     ignore_eos: bool = option(False, "keep generating after EOS up to the token budget (benchmarks)")
+    length_distribution: str = option(
+        "", "benchmark workloads: per-request token budgets, 'N', 'LOW:HIGH' or 'lognormal:MEDIAN:CAP[:SIGMA]' "
+            "(capped at data.max_response_length; with ignore_eos every request generates its budget); "
+            "empty = every request may use data.max_response_length")
     seed: int = option(0, "base seed of per-request sampling seeds")
     max_num_seqs: int = option(256, "maximum sequences decoded together by one engine", gt=0)
     max_num_batched_tokens: int = option(8192, "maximum tokens in one engine forward (prefill chunk)", gt=0)

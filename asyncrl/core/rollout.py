@@ -7,7 +7,8 @@ modes use replicas on their own devices (`asyncrl.distributed.rollout_replicas`)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from asyncrl.core.trainer_group import TrainerGroup
@@ -22,12 +23,15 @@ class PendingGeneration:
     refs: list[Any]
     names: list[str]
     timeout_s: float
+    started_s: float = field(default_factory=time.time)   # wall clock at dispatch
     generation_seconds: float = 0.0   # the slowest worker's generation time, known after results()
+    worker_seconds: list[float] = field(default_factory=list)
 
     def results(self) -> list[GenerationResult]:
         """Results in request order (blocks until every worker answered)."""
         parts = wait_for_all(self.refs, self.names, "generate", self.timeout_s)
-        self.generation_seconds = max((seconds for _, seconds in parts), default=0.0)
+        self.worker_seconds = [seconds for _, seconds in parts]
+        self.generation_seconds = max(self.worker_seconds, default=0.0)
         by_id = {result.request_id: result for results, _ in parts for result in results}
         return [by_id[request.request_id] for request in self.requests]
 

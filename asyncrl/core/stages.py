@@ -26,6 +26,7 @@ from typing import Any, Optional, Sequence
 from asyncrl.algos import ADVANTAGE_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_kl_penalty
 from asyncrl.config import AsyncRLConfig, needs_critic, needs_reference
 from asyncrl.core.advantage import rollout_correction
+from asyncrl.core.lengths import LengthDistribution
 from asyncrl.core.metrics import advantage_metrics, sample_metrics
 from asyncrl.core.records import Sample, samples_to_batch
 from asyncrl.core.requests import make_requests
@@ -39,6 +40,9 @@ from asyncrl.engine import SamplingParams
 from asyncrl.rewards import RewardExecutor
 from asyncrl.telemetry import Timeline, Tracker, timed
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch
+
+
+TRAINER_STAGES = frozenset({"old_log_prob", "ref", "values", "update_critic", "update_actor"})
 
 
 @dataclass
@@ -64,11 +68,14 @@ class PPOCore:
         kl = config.algorithm.kl_ctrl
         self.kl_controller = AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon) if kl.type == "adaptive" \
             else FixedKLController(kl.kl_coef)
+        self.lengths = LengthDistribution.parse(config.rollout.length_distribution) \
+            if config.rollout.length_distribution else None
         self.use_critic = needs_critic(config)
         self.use_reference = needs_reference(config)
 
     def timed(self, metrics: dict[str, float], stage: str):
-        return timed(metrics, stage, self.timeline, "driver")
+        """Time a stage into metrics and the timeline (trainer-side stages on the "trainer" row)."""
+        return timed(metrics, stage, self.timeline, "trainer" if stage in TRAINER_STAGES else "driver")
 
     def sampling(self, validation: bool) -> SamplingParams:
         rollout, budget = self.config.rollout, self.config.data.max_response_length
@@ -87,7 +94,9 @@ class PPOCore:
         """Dispatch generation for `prompts` (rollout.n samples each, or val_kwargs.n) and return at once.
         `salts` seed the requests (one per prompt, or one for all; see `make_requests`)."""
         num_samples = self.config.rollout.val_kwargs.n if validation else self.config.rollout.n
-        requests = make_requests(prompts, num_samples, self.sampling(validation), self.config.rollout.seed, salts)
+        lengths = None if validation else self.lengths
+        requests = make_requests(prompts, num_samples, self.sampling(validation), self.config.rollout.seed, salts,
+                                 lengths)
         return GenerationJob(list(prompts), num_samples, self.rollout.start_generate(requests))
 
     def finish_generate(self, job: GenerationJob, metrics: dict[str, float]) -> list[Sample]:
@@ -96,6 +105,8 @@ class PPOCore:
         with self.timed(metrics, "gen"):
             results = job.pending.results()
         metrics["timing_s/generate_async"] = job.pending.generation_seconds
+        for name, seconds in zip(job.pending.names, job.pending.worker_seconds):
+            self.timeline.add_span(name, "generate", job.pending.started_s, job.pending.started_s + seconds)
         num_samples = job.num_samples
         return [Sample(job.prompts[index // num_samples], index // num_samples, index % num_samples, result)
                 for index, result in enumerate(results)]

@@ -151,13 +151,14 @@ def start_replicas(config: AsyncRLConfig, pools: Pools, trainers: TrainerGroup) 
 
 
 def resume_step(config: AsyncRLConfig, output_dir: Path) -> Optional[int]:
-    """The first step a resumed run will log (metrics of later steps in metrics.jsonl are rewritten)."""
+    """The first step this run will log: metrics.jsonl lines from that step on (a previous attempt's) are
+    dropped; a run that starts from scratch drops them all."""
     if config.trainer.resume == "disable":
-        return None
+        return 0
     manager = CheckpointManager(output_dir / "checkpoints", config.trainer.max_checkpoints)
     folder = manager.find_resumable() if config.trainer.resume == "auto" else Path(config.trainer.resume)
     if folder is None:
-        return None
+        return 0
     return CheckpointManager.read_driver_state(folder)["step"] + 1
 
 

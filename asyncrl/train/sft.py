@@ -87,5 +87,5 @@ def run_sft(model_path: str | Path, data_files: list[str], output_dir: str | Pat
         optimizer.step()
         schedule.step()
         if step % 50 == 0 or step == total_steps - 1:
-            logger.info("sft step %d/%d loss %.4f", step + 1, total_steps, float(loss))
+            logger.info("sft step %d/%d loss %.4f", step + 1, total_steps, loss.item())
     return save_model(model, output_dir, tokenizer_folder=model_path)

@@ -23,7 +23,8 @@ import ray
 
 from asyncrl.config import AsyncRLConfig
 from asyncrl.core.records import Sample
-from asyncrl.core.requests import request_seed
+from asyncrl.core.lengths import LengthDistribution
+from asyncrl.core.requests import request_params, request_seed
 from asyncrl.core.scoring import score_samples
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.data.records import TokenizedPrompt
@@ -64,6 +65,8 @@ class Rollouter:
                                       asynchronous.trigger_parameter_sync_step, asynchronous.staleness_threshold)
         self.max_in_flight = asynchronous.max_concurrent_samples or min(16 * len(replicas), self.budget.max_per_version)
         self.params = SamplingParams.from_rollout(config.rollout, config.data.max_response_length)
+        self.lengths = LengthDistribution.parse(config.rollout.length_distribution) \
+            if config.rollout.length_distribution else None
         self.in_flight: dict[int, Group] = {}      # admitted, generating (or parked after an abort)
         self.unqueued: dict[int, Group] = {}       # scored, on the way to the queue
         self.restored: list[Group] = []
@@ -76,6 +79,8 @@ class Rollouter:
         self.scoring = asyncio.Lock()
         self.counters = {"generated_groups": 0, "resumed_responses": 0, "aborted_responses": 0}
         self.idle_s, self.version_started_s, self.idle_since = 0.0, time.monotonic(), time.monotonic()
+        self.busy_since_wall = time.time()
+        self.busy_spans: list[tuple[float, float]] = []   # wall-clock spans with generation running
         self.sampler.load_state_dict(state["sampler"])
         self.restored = list(state["parked"])
         self.next_serial = state["next_serial"]
@@ -109,9 +114,11 @@ class Rollouter:
         now = time.monotonic()
         if num_generating == 0 and self.idle_since is None:
             self.idle_since = now
+            self.busy_spans.append((self.busy_since_wall, time.time()))
         elif num_generating > 0 and self.idle_since is not None:
             self.idle_s += now - self.idle_since
             self.idle_since = None
+            self.busy_since_wall = time.time()
 
     async def run_group(self, group: Group) -> None:
         self.in_flight[group.serial] = group
@@ -139,7 +146,7 @@ class Rollouter:
     async def generate_one(self, group: Group, slot: int) -> GenerationResult:
         replica = min(range(len(self.replicas)), key=self.replica_load.__getitem__)
         seed = request_seed(self.config.rollout.seed, group.prompt.record.prompt_id, slot, f"epoch{group.epoch}")
-        params = replace(self.params, seed=seed)
+        params = request_params(self.params, seed, self.lengths)
         previous = group.results[slot]
         if previous is None:
             request = GenerationRequest(f"g{group.serial}/{slot}", group.prompt.prompt_ids, params)
@@ -200,6 +207,11 @@ class Rollouter:
             raise RuntimeError("rollouter snapshot taken while generating; pause first")
         return {"sampler": self.sampler.state_dict(), "parked": list(self.in_flight.values()),
                 "next_serial": self.next_serial}
+
+    async def take_busy_spans(self) -> list[tuple[float, float]]:
+        """Wall-clock spans during which something generated, since the last call (for the timeline)."""
+        spans, self.busy_spans = self.busy_spans, []
+        return spans
 
     async def stats(self) -> dict[str, float]:
         return {"fully_async/rollouter/in_flight": float(len(self.in_flight)),

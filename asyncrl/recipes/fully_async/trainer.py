@@ -52,6 +52,7 @@ class FullyAsyncRecipe:
         self.timeout_s = self.config.ray.rpc_timeout_s
         self.next_groups: Optional[list[list[Sample]]] = None
         self.wait_s = 0.0
+        self.carried_metrics: dict[str, float] = {}   # of a sync done between steps, logged with the next
         self.stale_samples = 0
         self.trained_prompt_keys: set[str] = set()
         self.queue: Any = None
@@ -82,6 +83,11 @@ class FullyAsyncRecipe:
         return int(self.prompts_per_step * (1 + self.config.async_training.staleness_threshold) * self.steps_per_sync)
 
     def has_next(self) -> bool:
+        """Sync first when a cycle of K local steps ended (the sync belongs between steps, so a checkpoint
+        written during it records the finished step), then wait for the next R groups."""
+        self.carried_metrics = {}
+        if self.local_step % self.steps_per_sync == 0 and self.core.updates_since_sync:
+            self.sync(self.carried_metrics)
         if self.state.step >= self.state.total_steps:
             return False
         started = time.monotonic()
@@ -97,7 +103,7 @@ class FullyAsyncRecipe:
         return wait_for(self.queue.get.remote(count, self.timeout_s), "fully_async/queue", "get", self.timeout_s + 10)
 
     def step(self, step: int) -> tuple[dict[str, float], list[Sample]]:
-        metrics: dict[str, float] = {"timing_s/gen": self.wait_s}
+        metrics: dict[str, float] = {"timing_s/gen": self.wait_s, **self.carried_metrics}
         samples = [dataclasses.replace(sample, group_index=index)
                    for index, group in enumerate(self.next_groups) for sample in group]
         self.local_step += 1
@@ -109,8 +115,6 @@ class FullyAsyncRecipe:
         self.core.update_critic(batch, step, metrics)
         self.core.update_actor(batch, step, metrics)
         self.record_samples(samples, metrics)
-        if self.local_step % self.steps_per_sync == 0:
-            self.sync(metrics)
         return metrics, samples
 
     def record_samples(self, samples: list[Sample], metrics: dict[str, float]) -> None:
@@ -137,6 +141,9 @@ class FullyAsyncRecipe:
                                 "fully_async/rollouter", "resume", self.timeout_s))
         metrics.update(wait_for(self.queue.stats.remote(), "fully_async/queue", "stats", self.timeout_s))
         metrics.update(wait_for(self.rollouter.stats.remote(), "fully_async/rollouter", "stats", self.timeout_s))
+        for start_s, end_s in wait_for(self.rollouter.take_busy_spans.remote(), "fully_async/rollouter",
+                                       "take_busy_spans", self.timeout_s):
+            self.runtime.timeline.add_span("rollouter", "generate", start_s, end_s)
 
     def maybe_checkpoint(self) -> None:
         """Nothing here: fully-async checkpoints are written inside syncs, while everything is still."""
@@ -144,9 +151,9 @@ class FullyAsyncRecipe:
     def finish_training(self) -> None:
         """Stop generating (a run may end on its step budget with work in flight) and push the last update,
         so the final validation and the exported policy see it (pitfall P1: a cycle may be incomplete)."""
-        metrics = wait_for(self.rollouter.pause.remote(), "fully_async/rollouter", "pause", self.timeout_s)
+        wait_for(self.rollouter.pause.remote(), "fully_async/rollouter", "pause", self.timeout_s)
         if self.core.updates_since_sync:
-            self.core.sync_weights(metrics)
+            self.core.sync_weights({})
 
     def save_final_checkpoint(self) -> None:
         self.save_checkpoint()

@@ -1,0 +1,151 @@
+"""Mode against mode: the same model, devices, data and sample budget through every training mode.
+
+    asyncrl bench modes                                   # CPU, tiny model, long-tail lengths, all modes
+    asyncrl bench modes --device cuda --model qwen2.5-0.5b --samples 8192 --lengths lognormal:512:4096
+    asyncrl bench modes --modes sync fully_async_partial --samples 1024
+
+Each mode is a real training run (`asyncrl.recipes.launch.train`) with responses of long-tail lengths
+(per-request budgets drawn from `--lengths`, `rollout.ignore_eos=true`). Writes
+`benchmarks/results/modes_<name>.json`, a markdown table (printed too) and PNGs: throughput per mode
+and, per mode, the timeline showing what overlapped. Rewards are the arithmetic task's (speed runs on
+random weights score ~0; learning is compared on the demo task, see docs/benchmarks.md).
+
+Devices: `sync` uses every device as a colocated trainer rank; the separated modes split them
+(--rollout-devices for the rollout, the rest for the trainer). On CPU a "device" is a share of the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncrl.bench.models import write_random_model
+from asyncrl.config import load_config
+from asyncrl.data.make import make_task, write_task
+from asyncrl.models import build_tiny_model, save_char_tokenizer
+from asyncrl.recipes.launch import train
+from asyncrl.telemetry import plot_bars, plot_timeline, read_metrics
+
+MODES = {
+    "sync": ["trainer.mode=sync"],
+    "one_step_off": ["trainer.mode=one_step_off"],
+    "fully_async": ["trainer.mode=fully_async", "async_training.trigger_parameter_sync_step=2",
+                    "async_training.staleness_threshold=0"],
+    "fully_async_stale": ["trainer.mode=fully_async", "async_training.trigger_parameter_sync_step=2",
+                          "async_training.staleness_threshold=0.5"],
+    "fully_async_partial": ["trainer.mode=fully_async", "async_training.trigger_parameter_sync_step=2",
+                            "async_training.staleness_threshold=0.5", "async_training.partial_rollout=true"],
+}
+TIMINGS = ("gen", "old_log_prob", "update_actor", "sync_weights", "step")
+
+
+def prepare(root: Path, model: str, device: str, prompts: int) -> tuple[Path, Path]:
+    data = write_task(make_task("arithmetic"), root / "data", prompts, 16, seed=0)
+    if model == "tiny":
+        folder = build_tiny_model(root / "model", family="qwen2", seed=0, hidden_size=64, num_layers=2,
+                                  max_position_embeddings=512)
+    else:
+        folder = write_random_model(model, root / "model")
+        save_char_tokenizer(folder)  # prompts are character-tokenised; their ids are valid in any vocabulary
+    return folder, data["train"]
+
+
+def mode_config(mode: str, folder: Path, train_file: Path, output: Path, options: argparse.Namespace) -> Any:
+    separated = mode != "sync"
+    devices = options.devices
+    trainer_devices = devices - options.rollout_devices if separated else devices
+    prompts_per_step = options.prompts_per_step
+    return load_config(None, [
+        f"model.path={folder}", f"data.train_files=[{train_file}]", f"trainer.output_dir={output}",
+        f"trainer.device={options.device}", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
+        "trainer.save_freq=-1", f"trainer.n_gpus_per_node={trainer_devices}",
+        f"rollout.n_gpus_per_node={options.rollout_devices}", f"rollout.n={options.n}",
+        f"data.train_batch_size={prompts_per_step}", f"actor.ppo_mini_batch_size={prompts_per_step // 2}",
+        "async_training.require_batches=2", f"data.max_response_length={options.max_response_length}",
+        "data.max_prompt_length=32", "rollout.ignore_eos=true", f"rollout.length_distribution={options.lengths}",
+        f"trainer.total_steps={options.samples // (options.n * prompts_per_step)}", "actor.optim.lr=1e-5",
+        f"actor.ppo_micro_batch_size_per_gpu={options.micro_batch}", "ray.rpc_timeout_s=900",
+        *options.overrides, *MODES[mode]])
+
+
+def summarize(mode: str, output: Path, wall_s: float) -> dict[str, Any]:
+    rows = [row for row in read_metrics(output / "metrics.jsonl") if "critic/score/mean" in row]
+    summary = json.loads((output / "summary.json").read_text())
+    mean = lambda key: sum(row.get(key, 0.0) for row in rows) / max(len(rows), 1)  # noqa: E731
+    result = {"mode": mode, "steps": len(rows), "samples": summary["samples"], "tokens": summary["tokens"],
+              "wall_s": wall_s, "train_s": summary["wall_time_s"],
+              "samples_per_s": summary["samples"] / summary["wall_time_s"],
+              "tokens_per_s": summary["tokens"] / summary["wall_time_s"],
+              "staleness_mean": mean("staleness/mean"), "staleness_max": max(row.get("staleness/max", 0) for row in rows),
+              "trainer_idle_ratio": mean("trainer/idle_ratio") if mode.startswith("fully")
+              else mean("timing_s/gen") / max(mean("timing_s/step"), 1e-9),
+              "rollouter_idle_ratio": mean("rollouter/idle_ratio") if mode.startswith("fully") else None}
+    result.update({f"{name}_s": mean(f"timing_s/{name}") for name in TIMINGS})
+    return result
+
+
+def markdown_table(results: list[dict[str, Any]]) -> str:
+    base = next((result for result in results if result["mode"] == "sync"), results[0])
+    lines = ["| mode | samples/s | tokens/s | speed-up vs sync | step s | gen/wait s | old log-prob s | update s | "
+             "sync s | trainer idle | rollouter idle | staleness mean / max |", "|" + "---|" * 12]
+    for result in results:
+        rollouter = f"{result['rollouter_idle_ratio']:.2f}" if result["rollouter_idle_ratio"] is not None else "-"
+        lines.append(
+            f"| {result['mode']} | {result['samples_per_s']:.1f} | {result['tokens_per_s']:.0f} | "
+            f"{result['samples_per_s'] / base['samples_per_s']:.2f}x | {result['step_s']:.3f} | {result['gen_s']:.3f} | "
+            f"{result['old_log_prob_s']:.3f} | {result['update_actor_s']:.3f} | {result['sync_weights_s']:.3f} | "
+            f"{result['trainer_idle_ratio']:.2f} | {rollouter} | {result['staleness_mean']:.2f} / "
+            f"{result['staleness_max']:.0f} |")
+    return "\n".join(lines)
+
+
+def run_modes_benchmark(options: argparse.Namespace) -> list[dict[str, Any]]:
+    root = Path(tempfile.mkdtemp(prefix="asyncrl-modes-"))
+    folder, train_file = prepare(root, options.model, options.device, options.samples // options.n + 64)
+    results_dir = Path(options.results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for mode in options.modes:
+        output = root / mode
+        started = time.monotonic()
+        train(mode_config(mode, folder, train_file, output, options))
+        results.append(summarize(mode, output, time.monotonic() - started))
+        plot_timeline(output / "timeline.json", results_dir / f"modes_{options.name}_timeline_{mode}.png")
+        print(f"[bench modes] {mode}: {results[-1]['samples_per_s']:.1f} samples/s", flush=True)
+    plot_bars({result["mode"]: result["samples_per_s"] for result in results}, f"throughput ({options.name})",
+              "samples / s", results_dir / f"modes_{options.name}_throughput.png")
+    table = markdown_table(results)
+    (results_dir / f"modes_{options.name}.md").write_text(table + "\n")
+    (results_dir / f"modes_{options.name}.json").write_text(json.dumps(
+        {"options": vars(options), "results": results}, indent=1, default=str))
+    print(table)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asyncrl bench modes", description=__doc__.split("\n")[0])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--devices", type=int, default=2, help="devices in all (CPU: core shares)")
+    parser.add_argument("--rollout-devices", type=int, default=1, help="of which the separated modes' rollout")
+    parser.add_argument("--model", default="tiny", help="tiny, qwen2.5-0.5b or qwen2.5-1.5b")
+    parser.add_argument("--samples", type=int, default=2048, help="responses per mode (the sample budget)")
+    parser.add_argument("--n", type=int, default=4, help="responses per prompt")
+    parser.add_argument("--prompts-per-step", type=int, default=32)
+    parser.add_argument("--micro-batch", type=int, default=64)
+    parser.add_argument("--lengths", default="lognormal:24:192:1.0", help="per-request response-length budgets")
+    parser.add_argument("--max-response-length", type=int, default=192)
+    parser.add_argument("--name", default="cpu")
+    parser.add_argument("--results-dir", default="benchmarks/results")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every mode")
+    options = parser.parse_args(argv)
+    run_modes_benchmark(options)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
