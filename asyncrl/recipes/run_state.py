@@ -91,8 +91,8 @@ class RunState:
             core.log(initial, 0)
         recipe.begin()
         progress = Progress(self.total_steps, initial_step=self.step)
+        started = time.monotonic()  # a step's time includes waiting for its data (has_next)
         while recipe.has_next():
-            started = time.monotonic()
             metrics, samples = recipe.step(self.step + 1)
             self.step += 1
             num_tokens = sum(sample.result.prompt_ids.size + sample.num_response_tokens for sample in samples)
@@ -102,6 +102,7 @@ class RunState:
             core.log(metrics, self.step)
             progress.update(self.step, metrics)
             recipe.maybe_checkpoint()
+            started = time.monotonic()
         progress.close()
         recipe.finish_training()
         return self.finish(initial, recipe.save_final_checkpoint)
