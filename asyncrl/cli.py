@@ -35,6 +35,20 @@ def command_config_show(options: argparse.Namespace) -> int:
     return 0
 
 
+def command_config_docs(options: argparse.Namespace) -> int:
+    from asyncrl.config.docs import main as docs_main
+    return docs_main(options.args)
+
+
+def command_advise(options: argparse.Namespace) -> int:
+    from asyncrl.telemetry.advisor import advise
+    try:
+        print(advise(options.run_dir).text())
+    except FileNotFoundError as error:
+        raise ConfigError(f"{options.run_dir} is not a run folder: {error}") from None
+    return 0
+
+
 def command_data_make(options: argparse.Namespace) -> int:
     from asyncrl.data.make import make_task, write_task
     knobs = dict(item.split("=", 1) for item in options.set)
@@ -119,6 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
     show = config_commands.add_parser("show", help="print the resolved config of [CONFIG.yaml] [key=value ...]")
     show.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value]")
     show.set_defaults(run=command_config_show)
+    docs = config_commands.add_parser("docs", help="write docs/configuration.md from the config dataclasses")
+    docs.add_argument("args", nargs=argparse.REMAINDER, help="--out PATH, --check")
+    docs.set_defaults(run=command_config_docs)
+
+    advise = commands.add_parser("advise", help="recommend a rollout:trainer device split, sync interval and "
+                                 "staleness from a finished run's metrics")
+    advise.add_argument("run_dir", help="a run's trainer.output_dir")
+    advise.set_defaults(run=command_advise)
 
     data = commands.add_parser("data", help="datasets")
     data_commands = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
