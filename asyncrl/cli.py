@@ -13,6 +13,7 @@ Errors in the user's input (config, data, reward function) print one line and ex
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from asyncrl.config import ConfigError, dump_config, load_config
@@ -158,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="[%(levelname)s] %(name)s: %(message)s")
+    logging.getLogger("asyncrl").setLevel(logging.INFO)
     options = build_parser().parse_args(argv)
     try:
         return options.run(options)

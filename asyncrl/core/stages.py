@@ -20,6 +20,7 @@ the metrics dict explicitly, so stages of different steps can run concurrently (
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -41,6 +42,8 @@ from asyncrl.rewards import RewardExecutor
 from asyncrl.telemetry import Timeline, Tracker, timed
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch
 
+
+logger = logging.getLogger(__name__)
 
 TRAINER_STAGES = frozenset({"old_log_prob", "ref", "values", "update_critic", "update_actor"})
 
@@ -115,6 +118,11 @@ class PPOCore:
         with self.timed(metrics, "reward"):
             scored, reward_metrics = score_samples(samples, self.reward, self.tokenizer)
         metrics.update(reward_metrics)
+        failed = [sample for sample in scored if sample.reward_error is not None]
+        if failed:
+            logger.warning("the reward function failed on %d of %d samples (scored 0, counted in "
+                           "reward/num_errors and reward/num_timeouts); last error: %s",
+                           len(failed), len(scored), failed[-1].reward_error)
         return scored
 
     def decode(self, sample: Sample) -> str:

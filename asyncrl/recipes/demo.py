@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from importlib import resources
 from pathlib import Path
@@ -46,6 +47,7 @@ def run_demo(output_dir: str | Path, mode: str = DEFAULT_MODE, overrides: list[s
     print(f"[demo] 3/4 SFT warm start ({sft_epochs} epochs)", flush=True)
     sft = run_sft(model, [str(paths["train"])], output_dir / "sft", SFTSettings(epochs=sft_epochs, seed=seed))
     print(f"[demo] 4/4 GRPO in trainer.mode={mode}", flush=True)
+    shutil.rmtree(output_dir / "run", ignore_errors=True)  # a demo always starts fresh
     config = load_config(demo_config_path(), [
         f"model.path={sft}", f"data.train_files=[{paths['train']}]", f"data.val_files=[{paths['val']}]",
         f"trainer.output_dir={output_dir / 'run'}", f"trainer.mode={mode}", *(overrides or [])])

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import ray
 import torch
 
-from asyncrl.config import AsyncRLConfig, dump_config
+from asyncrl.config import AsyncRLConfig, ConfigError, dump_config
 from asyncrl.core.checkpoint import CheckpointManager
 from asyncrl.core.replica_rollout import ReplicaRollout
 from asyncrl.core.rollout import ColocatedRollout, Rollout
@@ -65,10 +65,15 @@ class Runtime:
 
 def load_inputs(config: AsyncRLConfig) -> tuple[Any, PromptDataset, Optional[PromptDataset]]:
     """Tokenizer and datasets: everything that can be wrong with the user's files, checked before Ray."""
-    model_config, _ = read_config(config.model.path)
+    if not config.model.path:
+        raise ConfigError("model.path is empty: set it to an HF model folder (config.json, safetensors, tokenizer)")
+    try:
+        model_config, _ = read_config(config.model.path)
+    except ValueError as error:
+        raise ConfigError(f"model.path: {error}") from None
     budget = config.data.max_prompt_length + config.data.max_response_length
     if budget > model_config.max_position_embeddings:
-        raise ValueError(f"data.max_prompt_length + data.max_response_length = {budget} exceeds the model's "
+        raise ConfigError(f"data.max_prompt_length + data.max_response_length = {budget} exceeds the model's "
                          f"max_position_embeddings ({model_config.max_position_embeddings}) in {config.model.path}")
     tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.path)
     train = PromptDataset.from_files(config.data.train_files, tokenizer, config.data)

@@ -1,0 +1,55 @@
+"""What a user sees when their input is wrong: one clear line, no traceback, no Ray started; and a reward
+function that raises during training costs only its samples (scored 0, counted, warned about)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from asyncrl.config import dump_config
+from asyncrl.telemetry import read_metrics
+
+
+def train_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asyncrl.cli", "train", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_clean_failure(result: subprocess.CompletedProcess, *needles: str) -> None:
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "Ray" not in result.stderr  # nothing started
+    for needle in needles:
+        assert needle in result.stderr, result.stderr
+
+
+def test_bad_config_key(tmp_path):
+    assert_clean_failure(train_cli("actor.ppo_mini_batchsize=4"), "actor.ppo_mini_batch_size")
+
+
+def test_missing_dataset_file_and_model_folder(warm_policy, tmp_path):
+    result = train_cli(f"model.path={warm_policy['model']}", f"data.train_files=[{tmp_path / 'nope.parquet'}]",
+                       "data.max_prompt_length=16", "data.max_response_length=6")
+    assert_clean_failure(result, "nope.parquet does not exist")
+    result = train_cli(f"model.path={tmp_path / 'no_model'}", f"data.train_files=[{warm_policy['train']}]")
+    assert_clean_failure(result, "model.path", "no_model does not exist")
+
+
+def test_reward_function_that_raises_scores_zero_is_counted_and_the_run_finishes(make_config, tmp_path):
+    reward_file = tmp_path / "flaky.py"
+    reward_file.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if solution_str.endswith('1'):\n"
+        "        raise ValueError('cannot score answers ending in 1')\n"
+        "    return float(solution_str.strip() == ground_truth)\n")
+    config = make_config(f"reward.custom_function={reward_file}:compute_score", "trainer.total_steps=2",
+                         "trainer.val_before_train=false", "data.val_files=[]", "data.train_batch_size=8",
+                         "actor.ppo_mini_batch_size=8")
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(dump_config(config))
+    result = train_cli(str(config_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the reward function failed on" in result.stderr and "cannot score answers ending in 1" in result.stderr
+    assert "Traceback" not in result.stderr
+    rows = [row for row in read_metrics(f"{config.trainer.output_dir}/metrics.jsonl") if "reward/num_errors" in row]
+    assert len(rows) == 2 and rows[-1]["reward/num_errors"] > 0
