@@ -18,9 +18,13 @@ import sys
 
 from asyncrl.config import ConfigError, dump_config, load_config
 from asyncrl.data.reader import DatasetError
+from asyncrl.recipes.errors import IncompatibleCheckpointError
 from asyncrl.rewards.loader import RewardLoadError
 
-USER_ERRORS = (ConfigError, DatasetError, RewardLoadError)
+USER_ERRORS = (ConfigError, DatasetError, RewardLoadError, IncompatibleCheckpointError)
+# Failures of a running job, reported as one line (matched by name: their modules import Ray and torch).
+RUN_FAILURES = ("RemoteCallError", "RemoteTimeoutError", "PipelineStalledError", "NonFiniteTrainingError",
+                "ResourceError")
 
 
 def split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -69,7 +73,8 @@ def command_train(options: argparse.Namespace) -> int:
     config = load_config(path, overrides)  # validated before anything starts
     from asyncrl.recipes.launch import train
     summary = train(config)
-    print(f"finished {summary['steps']} steps in {summary['wall_time_s']:.0f}s; outputs in {summary['output_dir']}")
+    verb = f"stopped by {summary['stopped_by']} after" if "stopped_by" in summary else "finished"
+    print(f"{verb} {summary['steps']} steps in {summary['wall_time_s']:.0f}s; outputs in {summary['output_dir']}")
     return 0
 
 
@@ -167,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except Exception as error:
+        if type(error).__name__ not in RUN_FAILURES:
+            raise
+        # A component failed mid-run: say which, and how to continue; the traceback would only repeat it.
+        print(f"error: {error}\n(the run stopped; run the same command again, trainer.resume=auto, to continue "
+              f"from the last checkpoint)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -74,6 +74,8 @@ class RolloutConfig:
     cpu_kv_cache_mb: int = option(256, "KV-cache byte budget of the engine on CPU, in MiB", gt=0)
     enforce_eager: bool = option(False, "disable CUDA graphs for the decode step")
     n_gpus_per_node: int = option(1, "rollout devices per node in separated modes (CPU slots on CPU)", gt=0)
+    max_replica_restarts: int = option(3, "times Ray restarts a rollout replica that died (fully_async then "
+                                          "re-syncs its weights and re-queues its requests)", ge=0)
     nnodes: int = option(1, "rollout nodes in separated modes", gt=0)
     val_kwargs: ValSamplingConfig = section(ValSamplingConfig, "sampling used for validation")
 
@@ -215,6 +217,9 @@ class TrainerConfig:
     logger: list[str] = option(["console", "jsonl"], "trackers: console, jsonl, tensorboard, wandb, mlflow")
     dump_rollouts: bool = option(False, "write every step's generations to rollouts/step_N.jsonl")
     log_val_generations: int = option(0, "validation generations printed per validation", ge=0)
+    max_consecutive_nonfinite: int = option(
+        3, "optimizer steps in a row with a non-finite gradient before the run stops (each is skipped and "
+           "counted in actor/num_skipped_steps)", gt=0)
 
 
 @dataclass
@@ -238,6 +243,9 @@ class RayConfig:
     address: str = option("", "existing Ray cluster to join; empty starts a local one")
     num_cpus: Optional[float] = option(None, "CPUs of the local cluster; null = all cores", gt=0.0)
     rpc_timeout_s: float = option(600.0, "limit on any remote call's result", gt=0.0)
+    watchdog_s: float = option(
+        600.0, "fully_async: no sample reaching the trainer for this long stops the run with every "
+               "component's state", gt=0.0)
 
 
 @dataclass

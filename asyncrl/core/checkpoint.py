@@ -39,7 +39,11 @@ class CheckpointManager:
         save_trainer(str(staging / "trainer"))
         for name, payload in (artifacts or {}).items():
             (staging / name).write_bytes(payload)
-        (staging / DRIVER_FILE).write_text(json.dumps(driver_state, indent=1, sort_keys=True))
+        # The manifest (every file and its size) lets a later run detect a truncated or partial checkpoint.
+        manifest = {str(path.relative_to(staging)): path.stat().st_size for path in sorted(staging.rglob("*"))
+                    if path.is_file()}
+        (staging / DRIVER_FILE).write_text(json.dumps({**driver_state, "manifest": manifest}, indent=1,
+                                                      sort_keys=True))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)
         self.write_latest(final.name)
@@ -63,17 +67,28 @@ class CheckpointManager:
             shutil.rmtree(folder, ignore_errors=True)
 
     def find_resumable(self) -> Optional[Path]:
-        """The newest checkpoint with a readable driver state; broken ones are reported and skipped."""
+        """The newest intact checkpoint; a broken one (unreadable driver state, a file missing or of the
+        wrong size) is reported and skipped, and the one before it is used."""
         for folder in reversed(self.complete_checkpoints()):
-            try:
-                json.loads((folder / DRIVER_FILE).read_text())
-            except (OSError, ValueError) as error:
-                logger.warning("skipping checkpoint %s: %s", folder, error)
-                continue
-            if not (folder / "trainer").is_dir():
-                logger.warning("skipping checkpoint %s: no trainer state", folder)
-                continue
-            return folder
+            problem = self.check(folder)
+            if problem is None:
+                return folder
+            logger.warning("skipping checkpoint %s: %s; using an earlier one", folder, problem)
+        return None
+
+    @staticmethod
+    def check(folder: Path) -> Optional[str]:
+        """What is wrong with a checkpoint folder, or None when it is intact."""
+        try:
+            state = json.loads((folder / DRIVER_FILE).read_text())
+        except (OSError, ValueError) as error:
+            return f"unreadable {DRIVER_FILE} ({error})"
+        for name, size in state["manifest"].items():
+            path = folder / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if path.stat().st_size != size:
+                return f"{name} has {path.stat().st_size} bytes, {size} were written (truncated?)"
         return None
 
     @staticmethod

@@ -51,6 +51,10 @@ class Rollout(Protocol):
         """Make every replica's weights equal the trainer's and stamp new tokens with `version`."""
         ...
 
+    def fault_metrics(self) -> dict[str, float]:
+        """Counters of faults the rollout survived (`faults/*`)."""
+        ...
+
     def close(self) -> None:
         ...
 
@@ -84,6 +88,9 @@ class ColocatedRollout:
         refs = [actor.sync_local_engine.remote(version) for actor in self.trainers.actors]
         self.trainers.wait(refs, "sync_local_engine")
         self.version = version
+
+    def fault_metrics(self) -> dict[str, float]:
+        return {}  # the engines live in the trainer ranks: a dead one is a dead trainer rank
 
     def close(self) -> None:
         """The engines live in the trainer ranks, which the runtime stops."""

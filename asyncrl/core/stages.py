@@ -204,6 +204,7 @@ class PPOCore:
             self.rollout.sync_weights(self.version)
         self.updates_since_sync = 0
         metrics["param_version"] = float(self.version)
+        metrics.update(self.rollout.fault_metrics())
 
     def validate(self, dataset: PromptDataset, metrics: dict[str, float]) -> list[Sample]:
         """Generate for every validation prompt with `rollout.val_kwargs` and score; adds val/* metrics."""

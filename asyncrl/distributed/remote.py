@@ -13,11 +13,15 @@ import time
 from typing import Any, Sequence
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 
 class RemoteCallError(RuntimeError):
     """A remote call failed (the actor died or raised); the message names it."""
+
+
+class RemoteUnavailableError(RemoteCallError):
+    """The actor is down for now (Ray is restarting it); a later call may succeed."""
 
 
 class RemoteTimeoutError(TimeoutError):
@@ -46,11 +50,34 @@ def wait_for_all(refs: Sequence[ray.ObjectRef], components: Sequence[str], call:
     return [results[ref] for ref in refs]
 
 
+def settle(refs: Sequence[ray.ObjectRef], components: Sequence[str], timeout_s: float) -> dict[str, str]:
+    """Wait (up to `timeout_s`) for calls whose siblings failed, so a retry does not queue behind them;
+    returns each component's outcome ("ok", the error, or "still running")."""
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    outcomes = {}
+    for ref, component in zip(refs, components):
+        if ref not in ready:
+            outcomes[component] = "still running"
+            continue
+        try:
+            ray.get(ref, timeout=0)
+            outcomes[component] = "ok"
+        except Exception as error:  # the outcome is reported, not raised: the caller already has the failure
+            outcomes[component] = f"{type(error).__name__}: {str(error)[-600:]}"
+    return outcomes
+
+
 def fetch(ref: ray.ObjectRef, component: str, call: str, started: float) -> Any:
     elapsed = time.monotonic() - started
     try:
         return ray.get(ref, timeout=0)
+    except ActorUnavailableError as error:
+        raise RemoteUnavailableError(f"{component} died during {call} after {elapsed:.1f}s (unavailable; Ray "
+                                     f"may be restarting it): {error}") from None
     except RayActorError as error:
+        if "restarting" in str(error):
+            raise RemoteUnavailableError(f"{component} died during {call} after {elapsed:.1f}s (Ray is "
+                                         f"restarting it): {error}") from None
         raise RemoteCallError(f"{component} died during {call} after {elapsed:.1f}s: {error}") from None
     except RayTaskError as error:
         cause = error.cause if isinstance(error.cause, BaseException) else error

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import Any, Optional
 
 import numpy as np
@@ -30,9 +31,10 @@ class RolloutReplica:
         device = "cuda" if torch.cuda.is_available() and config.trainer.device != "cpu" else "cpu"
         self.engine = AsyncEngine(LLMEngine(config.model.path, EngineConfig.from_rollout(config.rollout, device)))
         self.receiver: Optional[WeightReceiver] = None
+        self.incarnation = uuid.uuid4().hex  # changes when Ray restarts this replica after a death
 
-    async def ping(self) -> int:
-        return self.index
+    async def ping(self) -> tuple[int, str]:
+        return self.index, self.incarnation
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await self.engine.generate(request)

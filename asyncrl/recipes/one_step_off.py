@@ -69,7 +69,8 @@ class OneStepOffRecipe:
         self.core.sync_weights({})  # the final validation and the exported policy see the last update
 
     def save_final_checkpoint(self) -> None:
-        self.state.save()
+        # A run stopped by a signal still has a batch in flight: it is regenerated on resume.
+        self.state.save(sampler_state=self.cursor_before_in_flight if self.job is not None else None)
 
     def fit(self) -> dict[str, Any]:
         return self.state.run(self)

@@ -7,8 +7,11 @@ cursor a checkpoint must record); `RunState.run(recipe)` is the one loop every r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +19,60 @@ from typing import Any, Callable, Optional, Protocol
 
 from asyncrl.core.checkpoint import CheckpointManager
 from asyncrl.data.records import TokenizedPrompt
+from asyncrl.recipes.errors import IncompatibleCheckpointError
 from asyncrl.data.sampler import PromptSampler
 from asyncrl.recipes.runtime import Runtime, total_training_steps
 from asyncrl.telemetry import Progress, plot_run
 
 logger = logging.getLogger(__name__)
+
+# Keys whose change makes a checkpoint's state meaningless (model, data order, batch layout, sharding).
+RESUME_CRITICAL_KEYS = (
+    "model.path", "data.train_files", "data.train_batch_size", "data.shuffle", "data.seed", "rollout.n",
+    "actor.ppo_mini_batch_size", "trainer.mode", "trainer.n_gpus_per_node", "trainer.nnodes", "trainer.seed",
+    "critic.enable", "algorithm.adv_estimator", "async_training.require_batches",
+    "async_training.trigger_parameter_sync_step",
+)
+
+
+def check_compatible(saved: dict[str, Any], current: dict[str, Any], folder: Path) -> None:
+    def lookup(tree: dict[str, Any], dotted: str) -> Any:
+        for part in dotted.split("."):
+            tree = tree[part]
+        return tree
+    differences = [f"{key}: {lookup(saved, key)!r} in the checkpoint, {lookup(current, key)!r} now"
+                   for key in RESUME_CRITICAL_KEYS if lookup(saved, key) != lookup(current, key)]
+    if differences:
+        raise IncompatibleCheckpointError(
+            f"cannot resume from {folder}: the config differs in " + "; ".join(differences) +
+            ". Use the original values, another trainer.output_dir, or trainer.resume=disable.")
+
+
+class StopSignals:
+    """While active, the first SIGTERM or SIGINT only asks the loop to stop after the current step (a
+    second SIGINT raises KeyboardInterrupt as usual). Outside the main thread it does nothing."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signal_name = ""
+        self.previous: dict[int, Any] = {}
+
+    def handle(self, number: int, frame: Any) -> None:
+        if self.requested and number == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.signal_name = signal.Signals(number).name
+        logger.warning("%s received: stopping after the current step, with a checkpoint", self.signal_name)
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGTERM, signal.SIGINT):
+                self.previous[number] = signal.signal(number, self.handle)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
 
 
 class StepRecipe(Protocol):
@@ -82,7 +134,8 @@ class RunState:
 
     # ---- the loop -------------------------------------------------------------------------------------
     def run(self, recipe: StepRecipe) -> dict[str, Any]:
-        """Resume, validate, train step by step (logging, validating and saving on cadence), finish."""
+        """Resume, validate, train step by step (logging, validating and saving on cadence), finish.
+        SIGTERM or SIGINT ends the run after the current step with a checkpoint (a second SIGINT quits)."""
         self.resume()
         core = self.runtime.core
         initial: dict[str, float] = {}
@@ -91,21 +144,34 @@ class RunState:
             core.log(initial, 0)
         recipe.begin()
         progress = Progress(self.total_steps, initial_step=self.step)
-        started = time.monotonic()  # a step's time includes waiting for its data (has_next)
-        while recipe.has_next():
-            metrics, samples = recipe.step(self.step + 1)
-            self.step += 1
-            num_tokens = sum(sample.result.prompt_ids.size + sample.num_response_tokens for sample in samples)
-            self.record_step(metrics, len(samples), num_tokens, time.monotonic() - started)
-            self.dump_rollouts(samples, core.decode)
-            self.maybe_validate(metrics)
-            core.log(metrics, self.step)
-            progress.update(self.step, metrics)
-            recipe.maybe_checkpoint()
-            started = time.monotonic()
+        with StopSignals() as stop:
+            started = time.monotonic()  # a step's time includes waiting for its data (has_next)
+            while not stop.requested and recipe.has_next():
+                metrics, samples = recipe.step(self.step + 1)
+                self.step += 1
+                num_tokens = sum(sample.result.prompt_ids.size + sample.num_response_tokens for sample in samples)
+                self.record_step(metrics, len(samples), num_tokens, time.monotonic() - started)
+                self.dump_rollouts(samples, core.decode)
+                self.maybe_validate(metrics)
+                core.log(metrics, self.step)
+                progress.update(self.step, metrics)
+                recipe.maybe_checkpoint()
+                started = time.monotonic()
         progress.close()
         recipe.finish_training()
+        if stop.requested:
+            return self.stop_early(recipe, stop.signal_name)
         return self.finish(initial, recipe.save_final_checkpoint)
+
+    def stop_early(self, recipe: StepRecipe, signal_name: str) -> dict[str, Any]:
+        recipe.save_final_checkpoint()
+        self.runtime.tracker.close()
+        logger.warning("stopped by %s after step %d; checkpoint saved under %s; run again (trainer.resume=auto) "
+                       "to continue", signal_name, self.step, self.checkpoints.root)
+        return {"steps": self.step, "samples": self.num_samples, "tokens": self.num_tokens, "stopped_by": signal_name,
+                "wall_time_s": time.monotonic() - self.started_s, "output_dir": str(self.runtime.output_dir),
+                "initial_validation": {}, "final_validation": {}, "mode": self.runtime.config.trainer.mode,
+                "param_version": self.runtime.core.version}
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def driver_state(self, extra: Optional[dict[str, Any]] = None,
@@ -114,7 +180,8 @@ class RunState:
         from before them, so they are regenerated on resume)."""
         return {"step": self.step, "sampler": sampler_state or self.sampler.state_dict(),
                 "core": self.runtime.core.state_dict(), "num_samples": self.num_samples,
-                "num_tokens": self.num_tokens, "recipe": extra or {}}
+                "num_tokens": self.num_tokens, "recipe": extra or {},
+                "config": dataclasses.asdict(self.runtime.config)}
 
     def save(self, extra: Optional[dict[str, Any]] = None, sampler_state: Optional[dict[str, int]] = None,
              artifacts: Optional[dict[str, bytes]] = None) -> Path:
@@ -135,8 +202,9 @@ class RunState:
         folder = self.checkpoints.find_resumable() if setting == "auto" else Path(setting)
         if folder is None:
             return {}
-        self.resumed_from = folder
         state = CheckpointManager.read_driver_state(folder)
+        check_compatible(state["config"], dataclasses.asdict(self.runtime.config), folder)
+        self.resumed_from = folder
         self.step, self.num_samples, self.num_tokens = state["step"], state["num_samples"], state["num_tokens"]
         self.sampler.load_state_dict(state["sampler"])
         self.runtime.core.load_state_dict(state["core"], str(folder / "trainer"))

@@ -144,14 +144,15 @@ def start_replicas(config: AsyncRLConfig, pools: Pools, trainers: TrainerGroup) 
     """Rollout replicas on their own devices, joined to trainer rank 0 by the weight-sync group."""
     spec = pools.spec("rollout")
     threads = threads_per_worker(spec, sum(pool.num_workers for pool in pools.specs))
+    # Ray restarts a replica that dies (in its bundle); the rollout re-syncs it before using it again.
     replicas = [RolloutReplicaActor.options(num_cpus=spec.num_cpus_per_worker, num_gpus=spec.num_gpus_per_worker,
+                                            max_restarts=config.rollout.max_replica_restarts, max_task_retries=0,
                                             scheduling_strategy=pools.strategy("rollout", index)).remote(
                     config, index, threads) for index in range(spec.num_workers)]
-    rollout = ReplicaRollout(replicas, trainers, config)
-    rollout.wait([replica.ping.remote() for replica in replicas], rollout.names, "startup")
-    host, port = ray.get(node_address.options(scheduling_strategy=pools.strategy("trainer", 0)).remote())
     engine_dtype = torch.bfloat16 if spec.num_gpus_per_worker else torch.float32
-    rollout.connect_weights(host, port, engine_dtype)
+    new_address = lambda: ray.get(node_address.options(scheduling_strategy=pools.strategy("trainer", 0)).remote())  # noqa: E731
+    rollout = ReplicaRollout(replicas, trainers, config, engine_dtype, new_address)
+    rollout.connect_weights()
     return rollout
 
 

@@ -33,12 +33,14 @@ LOSS_TOKEN_METRICS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "pg_covfrac"
 
 class PolicyTrainer:
     def __init__(self, model: CausalLM, optimizer: torch.optim.Optimizer,
-                 scheduler: torch.optim.lr_scheduler.LRScheduler, device: torch.device):
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, device: torch.device,
+                 max_consecutive_nonfinite: int = 3):
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.device = device
         self.num_skipped_steps = 0
+        self.guard = NonFiniteGuard("actor", max_consecutive_nonfinite)
         self.snapshot_tensors: Optional[list[Tensor]] = None
 
     def compute_log_prob(self, batch: TrainBatch, temperature: float, micro_batch_size: int,
@@ -71,7 +73,7 @@ class PolicyTrainer:
             (loss * world_size()).backward()
         grad_norm = clip_gradients(self.model, spec.grad_clip)
         sums.add_step_value("grad_norm", grad_norm)
-        if math.isfinite(grad_norm):
+        if self.guard.allows_step(grad_norm):
             self.optimizer.step()
         else:
             self.num_skipped_steps += 1
@@ -133,3 +135,29 @@ class PolicyTrainer:
                 current = live.detach().to("cpu", copy=True)
                 live.copy_(saved.to(live.device))
                 saved.copy_(current)
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Too many optimizer steps in a row had a non-finite gradient."""
+
+
+class NonFiniteGuard:
+    """Skips an optimizer step whose gradient norm is NaN or inf, and stops the run after too many in a row
+    (a diverged model does not recover by skipping)."""
+
+    def __init__(self, component: str, max_consecutive: int):
+        self.component = component
+        self.max_consecutive = max_consecutive
+        self.consecutive = 0
+
+    def allows_step(self, grad_norm: float) -> bool:
+        if math.isfinite(grad_norm):
+            self.consecutive = 0
+            return True
+        self.consecutive += 1
+        if self.consecutive >= self.max_consecutive:
+            raise NonFiniteTrainingError(
+                f"{self.component}: {self.consecutive} optimizer steps in a row had a non-finite gradient norm "
+                f"({grad_norm}); stopping (trainer.max_consecutive_nonfinite={self.max_consecutive}). Lower the "
+                f"learning rate or check the rewards and advantages for NaN/inf.")
+        return False

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -15,6 +14,7 @@ from torch import Tensor
 
 from asyncrl.algos import count_sequences, explained_variance, value_loss
 from asyncrl.models import ValueModel
+from asyncrl.train.actor import NonFiniteGuard
 from asyncrl.train.batch import TrainBatch
 from asyncrl.train.forward import batched_values, response_values
 from asyncrl.train.metric_sums import MetricSums
@@ -26,12 +26,14 @@ from asyncrl.train.update_spec import CriticUpdateSpec
 
 class CriticTrainer:
     def __init__(self, model: ValueModel, optimizer: torch.optim.Optimizer,
-                 scheduler: torch.optim.lr_scheduler.LRScheduler, device: torch.device):
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, device: torch.device,
+                 max_consecutive_nonfinite: int = 3):
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.device = device
         self.num_skipped_steps = 0
+        self.guard = NonFiniteGuard("critic", max_consecutive_nonfinite)
 
     def compute_values(self, batch: TrainBatch, micro_batch_size: int, max_tokens: Optional[int]) -> Tensor:
         self.model.eval()
@@ -68,7 +70,7 @@ class CriticTrainer:
             sums.add_token_mean("vf_clipfrac", loss_metrics["vf_clipfrac"], float(micro.response_mask.sum()))
         grad_norm = clip_gradients(self.model, spec.grad_clip)
         sums.add_step_value("grad_norm", grad_norm)
-        if math.isfinite(grad_norm):
+        if self.guard.allows_step(grad_norm):
             self.optimizer.step()
         else:
             self.num_skipped_steps += 1

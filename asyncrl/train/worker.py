@@ -63,7 +63,7 @@ class TrainerWorker:
         model = self.load(self.config.model.path, "causal_lm")
         optimizer = build_optimizer(model, self.config.actor.optim)
         return PolicyTrainer(model, optimizer, build_scheduler(optimizer, self.config.actor.optim, total_steps),
-                             self.device)
+                             self.device, self.config.trainer.max_consecutive_nonfinite)
 
     def build_reference(self) -> CausalLM:
         model = self.load(self.config.model.path, "causal_lm")
@@ -74,7 +74,7 @@ class TrainerWorker:
         model = self.load(self.config.critic.model_path or self.config.model.path, "value")
         optimizer = build_optimizer(model, self.config.critic.optim)
         return CriticTrainer(model, optimizer, build_scheduler(optimizer, self.config.critic.optim, total_steps),
-                             self.device)
+                             self.device, self.config.trainer.max_consecutive_nonfinite)
 
     def load(self, folder: str, kind: str) -> torch.nn.Module:
         # Master weights stay fp32; FSDP's mixed-precision policy casts them to the compute dtype.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import torch
 import pytest
 import ray
 
@@ -113,10 +114,10 @@ def test_a_replica_that_never_joins_the_transfer_fails_the_sync_in_time_naming_i
     config, trainers, _, prompts = setup
     import time
     stuck = StuckReplica.options(num_cpus=0.1).remote(config, 7, 1)
-    rollout = ReplicaRollout([stuck], trainers, config)
+    address = ("127.0.0.1", 29000 + int(time.time()) % 1000)
+    rollout = ReplicaRollout([stuck], trainers, config, torch.float32, lambda: address)
     rollout.names = ["rollout/replica7"]
-    host, port = "127.0.0.1", 29000 + int(time.time()) % 1000
-    rollout.connect_weights(host, port, engine_dtype=__import__("torch").float32)
+    rollout.connect_weights()
     started = time.monotonic()
     with pytest.raises(RemoteTimeoutError, match="rollout/replica7"):
         rollout.sync_weights(99)

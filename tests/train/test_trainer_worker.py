@@ -143,3 +143,32 @@ def test_log_probs_match_a_plain_forward_and_export_loads_in_transformers(model_
     original = load_model(model_path)
     for name, tensor in original.named_parameters():
         assert torch.equal(exported.state_dict()[name], tensor.detach()), name
+
+
+def nonfinite_steps(rank, world_size, port, model_path):
+    """One optimizer step per update: NaN advantages, then finite ones, then NaN twice in a row."""
+    worker = single_worker(model_path, port, "actor.ppo_mini_batch_size=6", "trainer.max_consecutive_nonfinite=2")
+    batch = make_batch(seed=5)
+    spec = PolicyUpdateSpec.from_config(worker.config, batch.num_rows, step=0)
+    poisoned = batch.replace(advantages=batch.advantages.clone().index_fill_(0, torch.tensor([3]), float("nan")))
+    before = worker.policy_state_numpy()
+    skipped = worker.update_actor(poisoned, spec)
+    after_skip = worker.policy_state_numpy()
+    worker.update_actor(batch, spec)
+    after_finite = worker.policy_state_numpy()
+    worker.update_actor(poisoned, spec)
+    try:
+        worker.update_actor(poisoned, spec)
+        error = ""
+    except Exception as raised:  # the second NaN step in a row stops the run
+        error = f"{type(raised).__name__}: {raised}"
+    unchanged = all(np.array_equal(after_skip[name], before[name]) for name in before)
+    moved = any(not np.array_equal(after_finite[name], after_skip[name]) for name in before)
+    return skipped["actor/num_skipped_steps"], unchanged, moved, error
+
+
+def test_a_nan_loss_skips_the_step_counts_it_and_repeated_ones_stop_the_run(model_path):
+    (num_skipped, unchanged, moved, error), = run_in_processes(nonfinite_steps, 1, model_path)
+    assert num_skipped == 1 and unchanged and moved
+    assert error.startswith("NonFiniteTrainingError: actor: 2 optimizer steps in a row")
+    assert "trainer.max_consecutive_nonfinite=2" in error

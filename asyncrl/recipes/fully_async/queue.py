@@ -1,7 +1,8 @@
 """The bounded queue between the rollouter and the trainer: a Ray asyncio actor of scored groups.
 
 `put` blocks while the queue is full (back-pressure: nothing is ever dropped), `get(count)` waits for up
-to `count` groups and returns fewer only once the stream has ended, and `None` once it is empty and ended.
+to `count` groups and returns fewer only once the stream has ended, `None` once it is empty and ended,
+and `[]` when its timeout passed first.
 End of stream is explicit (`close`), never a sentinel item mixed with the data.
 
     queue = SampleQueueActor.options(num_cpus=0).remote(capacity=M)
@@ -43,11 +44,14 @@ class SampleQueue:
             return len(self.items)
 
     async def get(self, count: int, timeout_s: Optional[float] = None) -> Optional[list[Any]]:
-        """`count` items, oldest first; fewer only once closed; None when closed and empty.
-        Raises TimeoutError when `timeout_s` passes first."""
+        """`count` items, oldest first; fewer only once closed; None when closed and empty; [] when
+        `timeout_s` passed first (nothing is taken then)."""
         async with self.changed:
             ready = lambda: len(self.items) >= count or self.is_closed  # noqa: E731
-            await asyncio.wait_for(self.changed.wait_for(ready), timeout_s)
+            try:
+                await asyncio.wait_for(self.changed.wait_for(ready), timeout_s)
+            except asyncio.TimeoutError:
+                return []
             if not self.items:
                 return None
             taken = [self.items.popleft() for _ in range(min(count, len(self.items)))]

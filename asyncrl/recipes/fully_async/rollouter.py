@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from asyncrl.config import AsyncRLConfig
 from asyncrl.core.records import Sample
@@ -71,13 +72,15 @@ class Rollouter:
         self.unqueued: dict[int, Group] = {}       # scored, on the way to the queue
         self.restored: list[Group] = []
         self.replica_load = [0] * len(replicas)
+        self.is_healthy = [True] * len(replicas)
         self.next_serial = 0
         self.is_paused = False
         self.resumed = asyncio.Event()
         self.resumed.set()
         self.settled = asyncio.Condition()
         self.scoring = asyncio.Lock()
-        self.counters = {"generated_groups": 0, "resumed_responses": 0, "aborted_responses": 0}
+        self.counters = {"generated_groups": 0, "resumed_responses": 0, "aborted_responses": 0,
+                         "replica_failures": 0, "requeued_requests": 0}
         self.idle_s, self.version_started_s, self.idle_since = 0.0, time.monotonic(), time.monotonic()
         self.busy_since_wall = time.time()
         self.busy_spans: list[tuple[float, float]] = []   # wall-clock spans with generation running
@@ -130,8 +133,6 @@ class Rollouter:
             for slot, result in zip(pending, outputs):
                 group.results[slot] = result
                 self.counters["aborted_responses"] += result.finish_reason == "abort"
-            async with self.settled:
-                self.settled.notify_all()  # a pause may be waiting for this group to settle
         samples = [Sample(group.prompt, 0, slot, result) for slot, result in enumerate(group.results)]
         async with self.scoring:  # one scoring call at a time: the executor's worker pipes are not shared
             group.scored, _ = await asyncio.to_thread(score_samples, samples, self.reward, self.tokenizer)
@@ -144,7 +145,34 @@ class Rollouter:
             self.settled.notify_all()  # a pause waits until finished groups are on the queue
 
     async def generate_one(self, group: Group, slot: int) -> GenerationResult:
-        replica = min(range(len(self.replicas)), key=self.replica_load.__getitem__)
+        """Generate (or resume) one response; a replica that dies mid-request is taken out of rotation
+        until the trainer re-syncs it, and the request starts again on a healthy replica."""
+        while True:
+            replica = await self.healthy_replica()
+            # No request starts during a sync; nothing awaits between here and the replica call, so a
+            # pause sees every started request in `replica_load`.
+            await self.resumed.wait()
+            if not self.is_healthy[replica]:
+                continue
+            try:
+                return await self.generate_on(replica, group, slot)
+            except (RayActorError, ActorUnavailableError):
+                if self.is_healthy[replica]:
+                    self.is_healthy[replica] = False
+                    self.counters["replica_failures"] += 1
+                self.counters["requeued_requests"] += 1
+
+    async def healthy_replica(self) -> int:
+        async with self.settled:
+            await self.settled.wait_for(lambda: any(self.is_healthy))
+        healthy = [index for index, is_healthy in enumerate(self.is_healthy) if is_healthy]
+        return min(healthy, key=self.replica_load.__getitem__)
+
+    async def needs_repair(self) -> bool:
+        """Whether a replica died and waits for the trainer to re-sync it."""
+        return not all(self.is_healthy)
+
+    async def generate_on(self, replica: int, group: Group, slot: int) -> GenerationResult:
         seed = request_seed(self.config.rollout.seed, group.prompt.record.prompt_id, slot, f"epoch{group.epoch}")
         params = request_params(self.params, seed, self.lengths)
         previous = group.results[slot]
@@ -160,6 +188,8 @@ class Rollouter:
         finally:
             self.replica_load[replica] -= 1
             self.track_idle(sum(self.replica_load))
+            async with self.settled:
+                self.settled.notify_all()  # a pause may be waiting for the replicas to go quiet
 
     # ---- the sync protocol --------------------------------------------------------------------------
     async def pause(self) -> dict[str, float]:
@@ -169,17 +199,19 @@ class Rollouter:
         self.is_paused = True
         self.resumed.clear()
         if self.config.async_training.partial_rollout:
-            await asyncio.gather(*(replica.abort.remote() for replica in self.replicas))
+            # A dead replica's requests failed already; they are re-queued, not aborted.
+            await asyncio.gather(*(replica.abort.remote() for replica, is_healthy in zip(self.replicas, self.is_healthy)
+                                   if is_healthy), return_exceptions=True)
         async with self.settled:
             await self.settled.wait_for(self.is_settled)
         return {"timing_s/rollouter_pause": time.monotonic() - started}
 
     def is_settled(self) -> bool:
-        """Nothing generates and every finished group is on the queue: what is left in flight are parked
-        groups, each holding at least one aborted response (partial rollout)."""
-        parked = all(all(result is not None for result in group.results) and not group.is_generated
-                     for group in self.in_flight.values())
-        return parked and not self.unqueued
+        """No request runs on a replica and every fully generated group is on the queue; groups left in
+        flight are parked (aborted responses, or responses waiting for a replica to come back)."""
+        is_generating = sum(self.replica_load) > 0
+        is_finishing = bool(self.unqueued) or any(group.is_generated for group in self.in_flight.values())
+        return not is_generating and not is_finishing
 
     async def resume(self, version: int, queue_size: int) -> dict[str, float]:
         """A new version: charge outstanding work to its budget, report the last version's idle ratio,
@@ -192,6 +224,7 @@ class Rollouter:
         self.idle_since = now if self.idle_since is not None else None
         self.version = version
         self.budget.on_sync(len(self.in_flight) + len(self.unqueued) + queue_size)
+        self.is_healthy = [True] * len(self.replicas)  # the sync re-joined and re-loaded restarted replicas
         self.is_paused = False
         self.resumed.set()
         async with self.settled:
@@ -218,6 +251,8 @@ class Rollouter:
                 "fully_async/rollouter/budget_charged": float(self.budget.charged),
                 "fully_async/rollouter/budget_per_version": float(self.budget.max_per_version),
                 **{f"fully_async/count/{name}": float(value) for name, value in self.counters.items()},
+                "faults/replica_failures": float(self.counters["replica_failures"]),
+                "faults/requeued_requests": float(self.counters["requeued_requests"]),
                 **self.reward.metrics()}
 
 

@@ -26,7 +26,7 @@ import ray
 
 from asyncrl.core.records import Sample
 from asyncrl.core.replica_rollout import ReplicaRollout
-from asyncrl.distributed.remote import wait_for
+from asyncrl.distributed.remote import RemoteCallError, wait_for
 from asyncrl.recipes.fully_async.metrics import sample_version_metrics
 from asyncrl.recipes.fully_async.queue import SampleQueueActor
 from asyncrl.recipes.fully_async.rollouter import RolloutActor
@@ -34,6 +34,11 @@ from asyncrl.recipes.run_state import RunState
 from asyncrl.recipes.runtime import Runtime
 
 STATE_FILE = "fully_async_state.pkl"
+POLL_S = 2.0  # how often a waiting trainer checks for dead replicas and stalls
+
+
+class PipelineStalledError(RuntimeError):
+    """The fully-async pipeline stopped making progress (the watchdog fired)."""
 
 
 class FullyAsyncRecipe:
@@ -96,11 +101,33 @@ class FullyAsyncRecipe:
         return self.next_groups is not None
 
     def take(self, count: int) -> Optional[list[list[Sample]]]:
-        """Up to `count` groups (fewer only at the end of the data; a short last batch is trained, not dropped)."""
-        ready, _ = ray.wait([self.rollouter_run], timeout=0)
-        if ready:
-            wait_for(self.rollouter_run, "fully_async/rollouter", "run", self.timeout_s)  # surfaces its errors
-        return wait_for(self.queue.get.remote(count, self.timeout_s), "fully_async/queue", "get", self.timeout_s + 10)
+        """Up to `count` groups (fewer only at the end of the data; a short last batch is trained, not dropped).
+        While waiting: a replica that died is repaired (a sync re-joins and re-loads it), and a pipeline that
+        produces nothing for `ray.watchdog_s` stops the run with every component's state."""
+        started = time.monotonic()
+        while True:
+            ready, _ = ray.wait([self.rollouter_run], timeout=0)
+            if ready:
+                wait_for(self.rollouter_run, "fully_async/rollouter", "run", self.timeout_s)  # surfaces its errors
+            groups = wait_for(self.queue.get.remote(count, POLL_S), "fully_async/queue", "get", POLL_S + 30)
+            if groups != []:
+                return groups
+            if wait_for(self.rollouter.needs_repair.remote(), "fully_async/rollouter", "needs_repair", self.timeout_s):
+                self.sync(self.carried_metrics)
+            elif time.monotonic() - started > self.config.ray.watchdog_s:
+                raise PipelineStalledError(f"no sample reached the trainer for {time.monotonic() - started:.0f}s "
+                                           f"(ray.watchdog_s={self.config.ray.watchdog_s}); state: {self.states()}")
+
+    def states(self) -> dict[str, Any]:
+        """Every component's state, for the watchdog's report."""
+        states: dict[str, Any] = {"trainer": {"step": self.state.step, "local_step": self.local_step,
+                                              "version": self.core.version}}
+        for name, call in (("queue", self.queue.stats), ("rollouter", self.rollouter.stats)):
+            try:
+                states[name] = wait_for(call.remote(), f"fully_async/{name}", "stats", 30)
+            except (RemoteCallError, TimeoutError) as error:
+                states[name] = f"not answering: {error}"
+        return states
 
     def step(self, step: int) -> tuple[dict[str, float], list[Sample]]:
         metrics: dict[str, float] = {"timing_s/gen": self.wait_s, **self.carried_metrics}

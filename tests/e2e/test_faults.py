@@ -1,0 +1,160 @@
+"""Fault injection: each fault's outcome is asserted, none may hang.
+
+- a rollout replica killed mid-run: Ray restarts it, the trainer re-syncs it, the run finishes and trains
+  every prompt once;
+- a trainer rank killed: the run stops with one clear line naming it; resuming finishes the epoch with
+  every prompt once;
+- SIGTERM mid-run: a checkpoint is saved and the process exits cleanly; resuming finishes the run;
+- a truncated checkpoint is detected and skipped with a message; the one before it is used;
+- a checkpoint from an incompatible config is refused, listing the differing keys.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as parquet
+import pytest
+
+from asyncrl.config import dump_config
+from asyncrl.recipes.errors import IncompatibleCheckpointError
+from asyncrl.recipes.launch import train
+from asyncrl.telemetry import read_metrics
+
+
+def last_step(output_dir: Path) -> int:
+    try:
+        return max((row["step"] for row in read_metrics(output_dir / "metrics.jsonl")), default=-1)
+    except (FileNotFoundError, ValueError):
+        return -1
+
+
+def trained_prompts(output_dir: Path, num_steps: int) -> Counter:
+    folder = output_dir / "rollouts"
+    return Counter(json.loads(line)["prompt_id"] for step in range(1, num_steps + 1)
+                   for line in (folder / f"step_{step}.jsonl").read_text().splitlines()
+                   if json.loads(line)["sample_index"] == 0)
+
+
+@pytest.fixture()
+def epoch_file(warm_policy, tmp_path) -> Path:
+    """An epoch of 64 prompts: 8 steps of 8."""
+    path = tmp_path / "epoch.parquet"
+    parquet.write_table(parquet.read_table(warm_policy["train"]).slice(0, 64), path)
+    return path
+
+
+def epoch_config(make_config, epoch_file, *overrides, output="run"):
+    return make_config(f"data.train_files=[{epoch_file}]", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8",
+                       "trainer.dump_rollouts=true", "trainer.val_before_train=false", "data.val_files=[]",
+                       *overrides, output=output)
+
+
+def test_killed_rollout_replica_is_restarted_resynced_and_the_run_finishes(make_config, epoch_file, ray_session):
+    config = epoch_config(make_config, epoch_file, "trainer.mode=fully_async", "rollout.n_gpus_per_node=1",
+                          "async_training.trigger_parameter_sync_step=2", "async_training.staleness_threshold=0.5",
+                          "async_training.partial_rollout=true", "weight_sync.timeout_s=20")
+    output = Path(config.trainer.output_dir)
+    killed = []
+
+    def kill_replica_after_step_2():
+        deadline = time.monotonic() + 240
+        while last_step(output) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        killed.append(subprocess.run(["pkill", "-9", "-f", "ray::RolloutReplica"]).returncode)
+
+    killer = threading.Thread(target=kill_replica_after_step_2, daemon=True)
+    killer.start()
+    summary = train(config)
+    killer.join(timeout=10)
+    assert killed == [0]  # a replica process was killed
+    assert summary["steps"] == 8
+    trained = trained_prompts(output, 8)
+    assert len(trained) == 64 and set(trained.values()) == {1}
+    rows = read_metrics(output / "metrics.jsonl")
+    # Killed during a sync (the trainer re-forms the group) or while generating (the rollouter re-queues).
+    assert max(row.get("faults/replica_restarts", 0) + row.get("faults/replica_failures", 0) for row in rows) >= 1
+    assert max(row.get("faults/replica_restarts", 0) for row in rows) == 1
+
+
+def run_cli(config_path: Path, **popen) -> subprocess.Popen:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "train", str(config_path)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **popen)
+
+
+def wait_for_step(process: subprocess.Popen, output: Path, step: int, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while last_step(output) < step:
+        assert process.poll() is None, process.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "the run did not reach the step in time"
+        time.sleep(0.1)
+
+
+def test_killed_trainer_rank_stops_the_run_clearly_and_resume_finishes_the_epoch(make_config, epoch_file, tmp_path):
+    config = epoch_config(make_config, epoch_file, "trainer.save_freq=1", "ray.num_cpus=2")
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(dump_config(config))
+    output = Path(config.trainer.output_dir)
+    process = run_cli(config_path)
+    wait_for_step(process, output, 3)
+    subprocess.run(["pkill", "-9", "-f", "ray::TrainerRank"])
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1
+    assert "error: trainer/rank0 died" in stderr and "trainer.resume=auto" in stderr
+    assert "Traceback" not in stderr
+    resumed = run_cli(config_path)
+    _, stderr = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, stderr[-3000:]
+    trained = trained_prompts(output, 8)
+    assert len(trained) == 64 and set(trained.values()) == {1}
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly_then_resume_finishes(make_config, epoch_file, tmp_path):
+    config = epoch_config(make_config, epoch_file, "trainer.mode=one_step_off", "rollout.n_gpus_per_node=1",
+                          "ray.num_cpus=2")
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(dump_config(config))
+    output = Path(config.trainer.output_dir)
+    process = run_cli(config_path)
+    wait_for_step(process, output, 2)
+    os.kill(process.pid, signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "stopped by SIGTERM after" in stdout
+    stopped_at = int(stdout.split("stopped by SIGTERM after ")[1].split()[0])
+    assert (output / "checkpoints" / f"step_{stopped_at}" / "driver.json").is_file()
+    resumed = run_cli(config_path)
+    _, stderr = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, stderr[-3000:]
+    steps = [row["step"] for row in read_metrics(output / "metrics.jsonl") if "critic/score/mean" in row]
+    assert steps == list(range(1, 9))
+    trained = trained_prompts(output, 8)
+    assert len(trained) == 64 and set(trained.values()) == {1}
+
+
+def test_truncated_checkpoint_is_skipped_and_an_incompatible_one_refused(make_config, epoch_file, ray_session,
+                                                                       caplog):
+    first = epoch_config(make_config, epoch_file, "trainer.save_freq=1", "trainer.total_steps=3")
+    train(first)
+    output = Path(first.trainer.output_dir)
+    shard = next((output / "checkpoints" / "step_3" / "trainer" / "shards").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # a crash mid-write
+    caplog.set_level(logging.WARNING, logger="asyncrl")
+    summary = train(epoch_config(make_config, epoch_file, "trainer.save_freq=1", "trainer.total_steps=4"))
+    assert summary["steps"] == 4
+    assert any("skipping checkpoint" in record.message and "step_3" in record.message and "truncated" in
+               record.message for record in caplog.records)
+    steps = [row["step"] for row in read_metrics(output / "metrics.jsonl") if "critic/score/mean" in row]
+    assert steps == [1, 2, 3, 4]  # step 3 was redone from step 2's checkpoint, its old line replaced
+    with pytest.raises(IncompatibleCheckpointError, match=r"rollout\.n: 8 in the checkpoint, 4 now"):
+        train(epoch_config(make_config, epoch_file, "rollout.n=4", "trainer.total_steps=6"))
