@@ -243,6 +243,11 @@ class RayConfig:
     address: str = option("", "existing Ray cluster to join; empty starts a local one")
     num_cpus: Optional[float] = option(None, "CPUs of the local cluster; null = all cores", gt=0.0)
     rpc_timeout_s: float = option(600.0, "limit on any remote call's result", gt=0.0)
+    trainer_node_resource: str = option(
+        "", "custom Ray resource that places the trainer ranks (start their nodes with `ray start --resources "
+            "'{\"NAME\": 1}'`); empty = any node")
+    rollout_node_resource: str = option(
+        "", "custom Ray resource that places the rollout replicas; empty = any node")
     watchdog_s: float = option(
         600.0, "fully_async: no sample reaching the trainer for this long stops the run with every "
                "component's state", gt=0.0)

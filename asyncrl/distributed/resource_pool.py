@@ -4,7 +4,8 @@ Reserving every role's bundles atomically avoids the reference system's fragment
 P4: pools allocated one after another can leave a node unable to host a later one). A request the cluster
 cannot satisfy fails within a timeout with a message listing what was asked and what the cluster has.
 
-On CPU machines a "device" is a CPU slot: a fraction of the machine's cores.
+On CPU machines a "device" is a CPU slot: a fraction of the machine's cores. A pool may require a custom
+node resource, which pins its role to the nodes started with it (trainer on one node, rollout on another).
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+
+# A node label, not a capacity: any number of a role's workers fit on a node offering 1 unit.
+NODE_RESOURCE_AMOUNT = 0.001
 
 
 class ResourceError(RuntimeError):
@@ -26,6 +31,7 @@ class PoolSpec:
     num_workers: int
     num_gpus_per_worker: float
     num_cpus_per_worker: float
+    node_resource: str = ""     # a custom resource the worker's node must offer (pins a role to nodes)
 
 
 @dataclass
@@ -49,8 +55,24 @@ class Pools:
     def spec(self, pool_name: str) -> PoolSpec:
         return next(spec for spec in self.specs if spec.name == pool_name)
 
+    def placement(self) -> dict[str, dict[str, str]]:
+        """Where each worker runs: {"trainer/rank0": {"node_id": ..., "node_ip": ...}, ...}."""
+        nodes = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+        bundle_nodes = placement_group_table(self.group)["bundles_to_node_id"]
+        placement, bundle = {}, 0
+        for spec in self.specs:
+            for index in range(spec.num_workers):
+                node_id = bundle_nodes[bundle]
+                placement[worker_name(spec.name, index)] = {"node_id": node_id, "node_ip": nodes.get(node_id, "?")}
+                bundle += 1
+        return placement
+
     def release(self) -> None:
         remove_placement_group(self.group)
+
+
+def worker_name(pool_name: str, index: int) -> str:
+    return f"trainer/rank{index}" if pool_name == "trainer" else f"{pool_name}/replica{index}"
 
 
 def allocate_pools(specs: list[PoolSpec], timeout_s: float = 60.0) -> Pools:
@@ -59,6 +81,8 @@ def allocate_pools(specs: list[PoolSpec], timeout_s: float = 60.0) -> Pools:
         bundle = {"CPU": spec.num_cpus_per_worker}
         if spec.num_gpus_per_worker:
             bundle["GPU"] = spec.num_gpus_per_worker
+        if spec.node_resource:
+            bundle[spec.node_resource] = NODE_RESOURCE_AMOUNT
         bundles.extend([bundle] * spec.num_workers)
     group = placement_group(bundles, strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)

@@ -246,6 +246,7 @@ class RunState:
             "wall_time_s": time.monotonic() - self.started_s, "param_version": runtime.core.version,
             "initial_validation": initial_validation, "final_validation": self.last_validation,
             "output_dir": str(runtime.output_dir), "mode": runtime.config.trainer.mode,
+            "placement": runtime.pools.placement(),
         }
         (runtime.output_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
         runtime.tracker.close()

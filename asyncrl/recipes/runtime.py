@@ -11,6 +11,7 @@ atomic reservation) -> trainer ranks -> rollout -> the PPO core, with tracker an
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import socket
@@ -29,13 +30,16 @@ from asyncrl.core.stages import PPOCore
 from asyncrl.core.trainer_group import TrainerGroup
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.distributed.remote import wait_for_all
-from asyncrl.distributed.resource_pool import PoolSpec, Pools, allocate_pools
+from asyncrl.distributed.resource_pool import PoolSpec, Pools, ResourceError, allocate_pools
 from asyncrl.distributed.runtime import start_ray
 from asyncrl.distributed.rollout_replica import RolloutReplicaActor
 from asyncrl.distributed.trainer_actor import TrainerActor
 from asyncrl.models import load_tokenizer, read_config
 from asyncrl.rewards import RewardExecutor
 from asyncrl.telemetry import Timeline, Tracker
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -97,14 +101,22 @@ def pool_specs(config: AsyncRLConfig) -> list[PoolSpec]:
     """The trainer pool, and in separated modes the rollout pool (one device per replica)."""
     num_trainers = config.trainer.n_gpus_per_node * config.trainer.nnodes
     num_replicas = num_rollout_replicas(config)
+    for key, name in (("ray.trainer_node_resource", config.ray.trainer_node_resource),
+                      ("ray.rollout_node_resource", config.ray.rollout_node_resource)):
+        if name and name not in ray.cluster_resources():
+            raise ResourceError(f"{key}={name!r}: no node of the Ray cluster offers this resource; start the nodes "
+                                f"meant for it with `ray start ... --resources '{{\"{name}\": 1}}'` (the cluster "
+                                f"has {sorted(ray.cluster_resources())})")
     if uses_gpu(config):
-        return [PoolSpec("trainer", num_trainers, 1.0, 1.0)] + \
-            ([PoolSpec("rollout", num_replicas, 1.0, 1.0)] if num_replicas else [])
-    # CPU slots: share the cores (leaving some room for the driver) among every worker of the run.
-    cpus = ray.available_resources().get("CPU", 1.0)
-    share = round(min(1.0, 0.9 * cpus / (num_trainers + num_replicas)), 3)
-    return [PoolSpec("trainer", num_trainers, 0.0, share)] + \
-        ([PoolSpec("rollout", num_replicas, 0.0, share)] if num_replicas else [])
+        devices, cpus = 1.0, 1.0
+    else:
+        # CPU slots: share the cores (leaving some room for the driver) among every worker of the run.
+        devices = 0.0
+        cpus = round(min(1.0, 0.9 * ray.available_resources().get("CPU", 1.0) / (num_trainers + num_replicas)), 3)
+    specs = [PoolSpec("trainer", num_trainers, devices, cpus, config.ray.trainer_node_resource)]
+    if num_replicas:
+        specs.append(PoolSpec("rollout", num_replicas, devices, cpus, config.ray.rollout_node_resource))
+    return specs
 
 
 def num_rollout_replicas(config: AsyncRLConfig) -> int:
@@ -176,6 +188,8 @@ def build_runtime(config: AsyncRLConfig) -> Runtime:
     (output_dir / "config.yaml").write_text(dump_config(config))
     start_ray(config.ray)
     pools = allocate_pools(pool_specs(config))
+    logger.info("placement: %s", ", ".join(f"{name} on {where['node_ip']} ({where['node_id'][:8]})"
+                                           for name, where in pools.placement().items()))
     colocated = num_rollout_replicas(config) == 0
     trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)), host_engine=colocated)
     rollout = ColocatedRollout(trainers) if colocated else start_replicas(config, pools, trainers)
