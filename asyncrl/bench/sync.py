@@ -6,7 +6,8 @@
 Two processes: process 0 holds a `TrainerWorker` (fp32 master weights, FSDP2) on device 0, process 1 an
 `LLMEngine` on device 1. A sync is the real path: gather full tensors, cast to the engine dtype, pack
 into buckets, broadcast, load in place. The raw baseline broadcasts the same number of bytes as one
-buffer over the same group. Effective bandwidth = bytes of the engine's weights / sync time.
+buffer over the same group. Effective bandwidth = bytes of the engine's weights / sync time. The
+breakdown times each side's local work alone: the trainer's gather + cast, the engine's in-place load.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def run_side(rank: int, folder: str, device_type: str, bucket_mb: int, repeats: 
         worker = TrainerWorker(config, 0, 1, "127.0.0.1", ports[0], total_training_steps=1)
     else:
         engine = LLMEngine(folder, EngineConfig.from_rollout(config.rollout, device=str(device), num_kv_blocks=64))
+        copies = [(name, parameter.detach().clone()) for name, parameter in engine.runner.model.named_parameters()]
     group = create_group("127.0.0.1", ports[1], rank, 2, device, timeout_s=300)
     raw = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device)
     timings = {"sync": [], "raw": []}
@@ -60,7 +62,7 @@ def run_side(rank: int, folder: str, device_type: str, bucket_mb: int, repeats: 
         synchronize(device)
         started = time.perf_counter()
         if rank == 0:
-            WeightSender(group, plan, device).send(worker.iter_policy_tensors())
+            WeightSender(group, plan, device).send(worker.iter_sync_tensors())
         else:
             engine.update_weights(WeightReceiver(group, plan, device).receive(), version=1)
         synchronize(device)
@@ -69,9 +71,23 @@ def run_side(rank: int, folder: str, device_type: str, bucket_mb: int, repeats: 
         broadcast(group, raw).wait()
         synchronize(device)
         timings["raw"].append(time.perf_counter() - started)
+    # Where the time goes: each side's local work alone, without the link.
+    parts = []
+    for _ in range(repeats + 1):
+        synchronize(device)
+        started = time.perf_counter()
+        if rank == 0:
+            for _, tensor in worker.iter_sync_tensors():
+                tensor.to(engine_dtype)  # the gather and cast a sync does, without packing
+        else:
+            engine.update_weights(copies, version=1)
+        synchronize(device)
+        parts.append(time.perf_counter() - started)
+    if rank == 0:
+        queue.put({"gather_s": min(parts[1:])})
     if rank == 1:
         sync_s, raw_s = min(timings["sync"][1:]), min(timings["raw"][1:])
-        queue.put({"bytes": plan.total_bytes, "sync_s": sync_s, "raw_s": raw_s,
+        queue.put({"load_s": min(parts[1:]), "bytes": plan.total_bytes, "sync_s": sync_s, "raw_s": raw_s,
                    "sync_gb_per_s": plan.total_bytes / sync_s / 1e9, "raw_gb_per_s": plan.total_bytes / raw_s / 1e9,
                    "fraction_of_raw": raw_s / sync_s, "buckets": plan.num_buckets})
 
@@ -85,7 +101,7 @@ def run_sync_benchmark(model: str, device: str = "cuda", bucket_mb: int = 256, r
                  for rank in range(2)]
     for process in processes:
         process.start()
-    result = queue.get(timeout=900)
+    result = {**queue.get(timeout=900), **queue.get(timeout=900)}
     for process in processes:
         process.join(timeout=60)
     return {"model": model, "device": device, "bucket_mb": bucket_mb, **result}
@@ -99,11 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", default=None, help="append results as JSON lines")
     options = parser.parse_args(argv)
-    print(f"{'model':16s} {'MB':>8s} {'sync s':>8s} {'GB/s':>7s} {'raw s':>8s} {'raw GB/s':>9s} {'of raw':>7s}")
+    print(f"{'model':16s} {'MB':>8s} {'sync s':>8s} {'GB/s':>7s} {'raw s':>8s} {'raw GB/s':>9s} {'of raw':>7s} "
+          f"{'gather s':>9s} {'load s':>8s}")
     for model in options.models:
         result = run_sync_benchmark(model, options.device, options.bucket_mb, options.repeats)
         print(f"{model:16s} {result['bytes'] / 1e6:8.1f} {result['sync_s']:8.4f} {result['sync_gb_per_s']:7.1f} "
-              f"{result['raw_s']:8.4f} {result['raw_gb_per_s']:9.1f} {result['fraction_of_raw']:7.0%}")
+              f"{result['raw_s']:8.4f} {result['raw_gb_per_s']:9.1f} {result['fraction_of_raw']:7.0%} "
+              f"{result['gather_s']:9.4f} {result['load_s']:8.4f}")
         if options.output:
             Path(options.output).parent.mkdir(parents=True, exist_ok=True)
             with open(options.output, "a") as handle:

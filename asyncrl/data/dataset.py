@@ -3,8 +3,9 @@
     dataset = PromptDataset.from_files(cfg.data.train_files, tokenizer, cfg.data)
     dataset[i].prompt_ids, dataset[i].record.ground_truth
 
-Prompts longer than `data.max_prompt_length` are dropped and counted (`num_dropped`), or truncated,
-or rejected with an error naming the row, as `data.filter_overlong_prompts` / `data.truncation` say.
+Prompts longer than `data.max_prompt_length` are dropped and counted (`num_dropped`), or truncated
+(`num_truncated`), or rejected with an error naming the row, as `data.filter_overlong_prompts` /
+`data.truncation` say; dropping and truncating are logged as one warning per dataset.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ logger = logging.getLogger(__name__)
 
 
 class PromptDataset:
-    def __init__(self, prompts: list[TokenizedPrompt], num_dropped: int = 0):
+    def __init__(self, prompts: list[TokenizedPrompt], num_dropped: int = 0, num_truncated: int = 0):
         self.prompts = prompts
         self.num_dropped = num_dropped
+        self.num_truncated = num_truncated
         self.index_by_id = {prompt.record.prompt_id: index for index, prompt in enumerate(prompts)}
 
     @classmethod
@@ -36,7 +38,7 @@ class PromptDataset:
     @classmethod
     def from_records(cls, records: list[PromptRecord], tokenizer: Any, config: DataConfig,
                      source: str = "records") -> "PromptDataset":
-        prompts, num_dropped = [], 0
+        prompts, num_dropped, num_truncated = [], 0, 0
         for record in records:
             prompt_ids = encode_prompt(tokenizer, record.messages, config.apply_chat_template)
             if len(prompt_ids) <= config.max_prompt_length:
@@ -45,8 +47,10 @@ class PromptDataset:
                 num_dropped += 1
             elif config.truncation == "left":
                 prompts.append(TokenizedPrompt(record, prompt_ids[-config.max_prompt_length:]))
+                num_truncated += 1
             elif config.truncation == "right":
                 prompts.append(TokenizedPrompt(record, prompt_ids[:config.max_prompt_length]))
+                num_truncated += 1
             else:
                 raise DatasetError(
                     f"{record.prompt_id}: prompt has {len(prompt_ids)} tokens, more than data.max_prompt_length="
@@ -54,10 +58,13 @@ class PromptDataset:
         if num_dropped:
             logger.warning("dropped %d of %d prompts of %s longer than data.max_prompt_length=%d",
                            num_dropped, len(records), source, config.max_prompt_length)
+        if num_truncated:
+            logger.warning("truncated %d of %d prompts of %s to data.max_prompt_length=%d (data.truncation=%s)",
+                           num_truncated, len(records), source, config.max_prompt_length, config.truncation)
         if not prompts:
             raise DatasetError(f"{source}: no prompt left after dropping {num_dropped} overlong prompts "
                                f"(data.max_prompt_length={config.max_prompt_length})")
-        return cls(prompts, num_dropped)
+        return cls(prompts, num_dropped, num_truncated)
 
     def __len__(self) -> int:
         return len(self.prompts)

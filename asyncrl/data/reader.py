@@ -1,8 +1,9 @@
 """Read prompt files (.parquet, .jsonl, .json) in verl's schema into `PromptRecord`s.
 
 Schema of a row: `prompt` (chat messages `[{"role", "content"}]`; a plain string is taken as one user
-message), `data_source` (str, picks the built-in scorer), `reward_model.ground_truth`, `extra_info` (dict).
-A malformed row raises `DatasetError` naming the file and the row.
+message), `data_source` (str, picks the built-in scorer), `reward_model.ground_truth` (a string, number,
+list or mapping; a row may leave out `reward_model` when its reward function needs no answer), `extra_info`
+(dict). A malformed row raises `DatasetError` naming the file and the row.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from asyncrl.data.records import PromptRecord
 
 ROLES = ("system", "user", "assistant", "tool")
+GROUND_TRUTH_TYPES = (str, int, float, list, dict)  # what JSON and parquet give and the scorers read
 
 
 class DatasetError(ValueError):
@@ -76,11 +78,27 @@ def parse_row(row: Any, path: Path, index: int, prompt_key: str) -> PromptRecord
     reward_model = row.get("reward_model") or {}
     if not isinstance(reward_model, dict):
         raise DatasetError(f"{where}: reward_model must be a mapping with ground_truth, got {reward_model!r}")
+    ground_truth = parse_ground_truth(reward_model, where)
     extra_info = row.get("extra_info") or {}
     if not isinstance(extra_info, dict):
         raise DatasetError(f"{where}: extra_info must be a mapping, got {extra_info!r}")
     return PromptRecord(prompt_id=f"{path.name}:{index}", messages=messages, data_source=data_source,
-                        ground_truth=reward_model.get("ground_truth"), extra_info=extra_info)
+                        ground_truth=ground_truth, extra_info=extra_info)
+
+
+def parse_ground_truth(reward_model: dict[str, Any], where: str) -> Any:
+    """The row's answer; None only for a row without reward_model. A reward_model whose ground_truth is
+    absent or null (a misspelt key, a parquet cell left empty) would score every response 0."""
+    if not reward_model:
+        return None
+    ground_truth = reward_model.get("ground_truth")
+    if ground_truth is None:
+        raise DatasetError(f"{where}: reward_model.ground_truth is missing or null (reward_model keys: "
+                           f"{sorted(reward_model)}); give every row the answer its reward function compares to")
+    if not isinstance(ground_truth, GROUND_TRUTH_TYPES):
+        raise DatasetError(f"{where}: reward_model.ground_truth must be a string, number, list or mapping, got "
+                           f"{type(ground_truth).__name__} {ground_truth!r:.60}")
+    return ground_truth
 
 
 def parse_messages(value: Any, where: str, prompt_key: str) -> list[dict[str, str]]:

@@ -90,7 +90,7 @@ class TrainerRank:
 
     def send_weights(self) -> int:
         """Every rank gathers full tensors one by one (a collective); rank 0 broadcasts them in buckets."""
-        tensors = self.worker.iter_policy_tensors()
+        tensors = self.worker.iter_sync_tensors()
         if self.sender is None:
             for _ in tensors:
                 pass
@@ -110,7 +110,7 @@ class TrainerRank:
 
     def sync_local_engine(self, version: int) -> int:
         """Copy the full policy into this rank's engine (a collective gather over trainer ranks)."""
-        return self.require_engine().update_weights(self.worker.iter_policy_tensors(), version)
+        return self.require_engine().update_weights(self.worker.iter_sync_tensors(), version)
 
     def engine_state(self) -> dict[str, Any]:
         engine = self.require_engine()

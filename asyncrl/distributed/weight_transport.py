@@ -101,6 +101,7 @@ class WeightSender:
         self.group = group
         self.plan = plan
         self.buffers = [torch.empty(plan.bucket_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
+        self.itemsize = torch.empty((), dtype=plan.dtype).element_size()
 
     def send(self, named_tensors: Iterable[tuple[str, Tensor]]) -> int:
         """Broadcast tensors given in plan order; returns the bytes sent."""
@@ -115,8 +116,10 @@ class WeightSender:
             for piece in pieces:
                 if piece.name not in current:
                     current = {piece.name: self.next_tensor(tensors, piece.name)}
-                source = current[piece.name]
-                buffer[piece.offset:piece.offset + piece.stop - piece.start].copy_(source[piece.start:piece.stop])
+                # One kernel per piece: the cast to the transfer dtype happens in the copy into the bucket.
+                first, last = piece.start // self.itemsize, piece.stop // self.itemsize
+                target = buffer[piece.offset:piece.offset + piece.stop - piece.start].view(self.plan.dtype)
+                target.copy_(current[piece.name][first:last])
             pending[slot] = broadcast(self.group, buffer)
         for work in pending:
             if work is not None:
@@ -127,7 +130,7 @@ class WeightSender:
         name, tensor = next(tensors)
         if name != expected:
             raise RuntimeError(f"weight sync: the trainer yielded {name} where the plan expects {expected}")
-        return tensor.detach().to(self.buffers[0].device, self.plan.dtype).contiguous().view(-1).view(torch.uint8)
+        return tensor.detach().reshape(-1)
 
 
 class WeightReceiver:

@@ -9,6 +9,7 @@
 
 from asyncrl.models.attention import AttentionBackend, PackedCausalAttention, causal_attention
 from asyncrl.models.checkpoint_io import (
+    check_model_folder,
     copy_tokenizer_files,
     iter_named_tensors,
     load_model,
@@ -22,6 +23,7 @@ from asyncrl.models.tokenizer import (
     CHAT_TEMPLATE,
     build_char_tokenizer,
     char_vocab_size,
+    check_tokenizer_fits_model,
     load_tokenizer,
     save_char_tokenizer,
 )
@@ -42,6 +44,8 @@ __all__ = [
     "build_tiny_model",
     "causal_attention",
     "char_vocab_size",
+    "check_model_folder",
+    "check_tokenizer_fits_model",
     "copy_tokenizer_files",
     "init_weights",
     "iter_named_tensors",

@@ -2,6 +2,7 @@
 
     model = load_model("Qwen2.5-0.5B-Instruct", dtype=torch.bfloat16, device="cuda")
     critic = load_model("Qwen2.5-0.5B-Instruct", kind="value")    # backbone from the LM, fresh score head
+    check_model_folder("Qwen2.5-0.5B-Instruct")                   # load_model's errors, from file headers only
     save_model(model, "out/step_10", tokenizer_folder="Qwen2.5-0.5B-Instruct")
     for name, tensor in iter_named_tensors(model): ...             # weight sync, HF names
     load_named_tensors(engine_model, pairs)                        # in-place copy, no reallocation
@@ -50,7 +51,10 @@ def read_config(folder: str | Path) -> tuple[TransformerConfig, str]:
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
         raise ValueError(f"model folder {folder} has no {CONFIG_FILE}")
-    hf_config = json.loads(config_path.read_text())
+    try:
+        hf_config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{config_path} is not valid JSON: {error}") from None
     _, stored_kind = architecture_of(hf_config, str(config_path))
     return TransformerConfig.from_hf_dict(hf_config, str(config_path)), stored_kind
 
@@ -62,25 +66,47 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: t
     A value model loads from its own saved folder (score head included) or from a causal-LM folder (backbone
     loaded, lm_head ignored, score head initialised by `ValueModel.reset_score_head`).
     """
-    if kind not in MODEL_KINDS:
-        raise ValueError(f"kind must be one of {MODEL_KINDS}, got {kind!r}")
     folder = Path(folder)
-    config, stored_kind = read_config(folder)
-    if kind == "causal_lm" and stored_kind == "value":
-        raise ValueError(f"model folder {folder} holds a value model (token classification); cannot load it as a causal LM")
-    with torch.device("meta"):
-        model = CausalLM(config) if kind == "causal_lm" else ValueModel(config)
+    model, stored_kind = _empty_model(folder, kind)
     model.to(dtype=dtype)
     model.to_empty(device=device)
     # to_empty unties shared parameters (RoPE frequencies are recomputed by RotaryEmbedding itself).
     if isinstance(model, CausalLM):
         model.tie_weights()
-    ignored = {"lm_head.weight"} if kind == "value" or config.tie_word_embeddings else set()
-    is_new_head = kind == "value" and stored_kind == "causal_lm"
-    _load_weights(model, folder, ignored, optional={"score.weight", "score.bias"} if is_new_head else set())
-    if isinstance(model, ValueModel) and is_new_head:
+    ignored, optional = _skipped_names(model, kind, stored_kind)
+    _load_weights(model, folder, ignored, optional)
+    if isinstance(model, ValueModel) and optional:  # a new score head: the files hold none
         model.reset_score_head()
     return model
+
+
+def check_model_folder(folder: str | Path, kind: str = "causal_lm") -> TransformerConfig:
+    """Raises the ValueError `load_model` would raise for this folder (config.json, architecture, weight files,
+    tensor names and shapes) without reading a tensor: the model is built on the meta device and compared
+    with the safetensors headers, so the check needs neither the weights' memory nor the time to read them."""
+    folder = Path(folder)
+    model, stored_kind = _empty_model(folder, kind)
+    _match_weights(model, folder, *_skipped_names(model, kind, stored_kind))
+    return model.config
+
+
+def _empty_model(folder: Path, kind: str) -> tuple[Model, str]:
+    """The model of folder/config.json on the meta device, and the kind stored in the folder."""
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"kind must be one of {MODEL_KINDS}, got {kind!r}")
+    config, stored_kind = read_config(folder)
+    if kind == "causal_lm" and stored_kind == "value":
+        raise ValueError(f"model folder {folder} holds a value model (token classification); cannot load it as a causal LM")
+    with torch.device("meta"):
+        model = CausalLM(config) if kind == "causal_lm" else ValueModel(config)
+    return model, stored_kind
+
+
+def _skipped_names(model: Model, kind: str, stored_kind: str) -> tuple[set[str], set[str]]:
+    """(names ignored when the files hold them, parameters the files may lack: a new value head)."""
+    ignored = {"lm_head.weight"} if kind == "value" or model.config.tie_word_embeddings else set()
+    is_new_head = kind == "value" and stored_kind == "causal_lm"
+    return ignored, {"score.weight", "score.bias"} if is_new_head else set()
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -99,9 +125,9 @@ def _weight_files(folder: Path) -> list[Path]:
         "(only safetensors checkpoints are supported)")
 
 
-def _load_weights(model: Model, folder: Path, ignored: set[str], optional: set[str]) -> None:
-    """Checks every name and shape across all files first, then copies. Names in `ignored` are skipped when
-    present in the files; parameters in `optional` may be absent from them."""
+def _match_weights(model: Model, folder: Path, ignored: set[str], optional: set[str]) -> dict[str, Path]:
+    """{parameter name: file holding it}, after checking every name and shape across all files. Names in
+    `ignored` are skipped when present in the files; parameters in `optional` may be absent from them."""
     parameters = dict(model.named_parameters())  # a tied lm_head appears only as the embedding
     file_shapes: dict[str, tuple[Path, tuple[int, ...]]] = {}
     for path in _weight_files(folder):
@@ -123,11 +149,18 @@ def _load_weights(model: Model, folder: Path, ignored: set[str], optional: set[s
             raise ValueError(
                 f"model folder {folder}: tensor {name} in {path.name} has shape {list(shape)}, "
                 f"the model expects {list(parameters[name].shape)}")
+    return {name: file_shapes[name][0] for name in names}
+
+
+def _load_weights(model: Model, folder: Path, ignored: set[str], optional: set[str]) -> None:
+    """Checks every name and shape first (`_match_weights`), then copies."""
+    parameters = dict(model.named_parameters())
+    files = _match_weights(model, folder, ignored, optional)
     with torch.no_grad():
-        for path in sorted({file_shapes[name][0] for name in names}):
+        for path in sorted(set(files.values())):
             with safe_open(str(path), framework="pt") as handle:
                 for name in handle.keys():
-                    if name in names:
+                    if name in files:
                         parameters[name].copy_(handle.get_tensor(name))
 
 

@@ -1,4 +1,5 @@
-"""A character-level tokenizer for tiny CPU models, saved as HF tokenizer files, and the tokenizer loader.
+"""A character-level tokenizer for tiny CPU models, saved as HF tokenizer files; the tokenizer loader, and
+the check that a tokenizer belongs to a model.
 
 One token per character (printable ASCII, tab and newline) plus a few special tokens, and a compact chat
 template (`<|user|>2+3=<|assistant|>`): CPU demos are sensitive to sequence length, so a turn costs one token
@@ -8,6 +9,7 @@ of markup instead of the five or so of ChatML.
     tokenizer = load_tokenizer("tiny_model/")     # transformers.AutoTokenizer under the hood
     tokenizer.apply_chat_template([{"role": "user", "content": "2+3="}], add_generation_prompt=True,
                                   tokenize=False)  # '<|user|>2+3=<|assistant|>'
+    check_tokenizer_fits_model(tokenizer, "tiny_model/", read_config("tiny_model/")[0], "tiny_model/")
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from asyncrl.models.model_config import TransformerConfig
 
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
@@ -108,3 +112,31 @@ def load_tokenizer(folder: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(folder))
+
+
+def check_tokenizer_fits_model(tokenizer: Any, tokenizer_folder: str | Path, model_config: TransformerConfig,
+                               model_folder: str | Path) -> None:
+    """Raises ValueError, naming both folders, when the tokenizer and the model do not belong together:
+    token ids past the model's embedding; no eos_token (typically a folder without its tokenizer_config.json,
+    which also holds the chat template); or an eos_token the model does not stop on (the engine stops on
+    config.json's eos_token_id, so responses would always run to full length).
+    A missing pad_token is fine: batches are padded with id 0 under a mask."""
+    num_tokens, vocab_size = len(tokenizer), model_config.vocab_size
+    if num_tokens > vocab_size:
+        raise ValueError(
+            f"tokenizer {tokenizer_folder} has {num_tokens} tokens but model {model_folder} has vocab_size="
+            f"{vocab_size} (config.json): token ids {vocab_size}..{num_tokens - 1} would index past its embedding; "
+            "use the tokenizer the model was trained with")
+    if tokenizer.eos_token_id is None:
+        raise ValueError(
+            f"tokenizer {tokenizer_folder} defines no eos_token (is its tokenizer_config.json, which also holds the "
+            f"chat template, missing?); set eos_token in {Path(tokenizer_folder) / 'tokenizer_config.json'} to the "
+            f"token model {model_folder} ends a response with (eos_token_id={model_config.eos_token_ids or 'none'} "
+            "in its config.json)")
+    if tokenizer.eos_token_id not in model_config.eos_token_ids:
+        raise ValueError(
+            f"tokenizer {tokenizer_folder} ends a turn with eos_token {tokenizer.eos_token!r} (id "
+            f"{tokenizer.eos_token_id}) but model {model_folder} stops only on eos_token_id="
+            f"{model_config.eos_token_ids or 'none'} (config.json), so responses would run to "
+            f"data.max_response_length; add {tokenizer.eos_token_id} to eos_token_id in "
+            f"{Path(model_folder) / 'config.json'}")

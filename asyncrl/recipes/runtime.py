@@ -34,7 +34,7 @@ from asyncrl.distributed.resource_pool import PoolSpec, Pools, ResourceError, al
 from asyncrl.distributed.runtime import start_ray
 from asyncrl.distributed.rollout_replica import RolloutReplicaActor
 from asyncrl.distributed.trainer_actor import TrainerActor
-from asyncrl.models import load_tokenizer, read_config
+from asyncrl.recipes.preflight import check_model_inputs
 from asyncrl.rewards import RewardExecutor
 from asyncrl.telemetry import Timeline, Tracker
 
@@ -69,17 +69,11 @@ class Runtime:
 
 def load_inputs(config: AsyncRLConfig) -> tuple[Any, PromptDataset, Optional[PromptDataset]]:
     """Tokenizer and datasets: everything that can be wrong with the user's files, checked before Ray."""
-    if not config.model.path:
-        raise ConfigError("model.path is empty: set it to an HF model folder (config.json, safetensors, tokenizer)")
-    try:
-        model_config, _ = read_config(config.model.path)
-    except ValueError as error:
-        raise ConfigError(f"model.path: {error}") from None
+    model_config, tokenizer = check_model_inputs(config)
     budget = config.data.max_prompt_length + config.data.max_response_length
     if budget > model_config.max_position_embeddings:
         raise ConfigError(f"data.max_prompt_length + data.max_response_length = {budget} exceeds the model's "
                          f"max_position_embeddings ({model_config.max_position_embeddings}) in {config.model.path}")
-    tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.path)
     train = PromptDataset.from_files(config.data.train_files, tokenizer, config.data)
     val = PromptDataset.from_files(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
     return tokenizer, train, val

@@ -3,7 +3,9 @@
 Every trainer worker calls `init_process_group` once (gloo on CPU, NCCL on GPU; a group of one process
 too, so a single worker runs the same sharded code path as many), then `shard_model` on each model.
 `iter_full_tensors` is a collective: every rank must iterate it in the same order; each step all-gathers
-one parameter, so no rank ever holds more than one full parameter beyond its shard.
+one parameter, so no rank ever holds more than one full parameter beyond its shard. `iter_unit_tensors`
+is the fast path of weight sync: one all-gather per FSDP unit (a decoder layer, or the root's own
+parameters), so no rank holds more than the root and one layer in full.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 
@@ -53,6 +55,40 @@ def iter_full_tensors(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """(HF name, full detached tensor) per parameter, gathered one at a time (collective)."""
     for name, parameter in model.named_parameters():
         yield name, full_tensor(parameter.detach())
+
+
+def iter_unit_tensors(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(HF name, full tensor) per parameter, in `named_parameters` order, gathered a whole FSDP unit at a
+    time, in mixed precision's compute dtype (the master dtype without it). Collective, like
+    `iter_full_tensors`, but with one all-gather per unit instead of one DTensor gather per tensor (whose
+    per-call overhead dominates a weight sync). A tensor is valid until the iteration moves to the next
+    unit: consume (copy) it before asking for the next. On a single rank the shards are whole: they are
+    handed out as they are (master dtype), with no gather at all."""
+    if not isinstance(model, FSDPModule) or all(not isinstance(parameter, DTensor) or parameter.device_mesh.size() == 1
+                                                for parameter in model.parameters()):
+        yield from ((name, local_shard(parameter).detach()) for name, parameter in model.named_parameters())
+        return
+    units = [(prefix + ".", module) for prefix, module in model.named_modules()
+             if prefix and isinstance(module, FSDPModule)]
+    names = [name for name, _ in model.named_parameters()]
+    current: FSDPModule | None = None
+    model.unshard()  # the root's own parameters (embeddings, final norm, untied head)
+    try:
+        with torch.no_grad():
+            for name in names:
+                unit = next((module for prefix, module in units if name.startswith(prefix)), None)
+                if unit is not current:
+                    if current is not None:
+                        current.reshard()
+                    if unit is not None:
+                        unit.unshard()
+                    current = unit
+                # Looked up after unshard: FSDP swaps the registered parameter for the unsharded one.
+                yield name, model.get_parameter(name).detach()
+    finally:
+        if current is not None:
+            current.reshard()
+        model.reshard()
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:

@@ -26,7 +26,7 @@ from asyncrl.train.checkpoint import Component, load_trainer_state, save_trainer
 from asyncrl.train.critic import CriticTrainer
 from asyncrl.train.forward import batched_log_probs
 from asyncrl.train.optim import build_optimizer, build_scheduler
-from asyncrl.train.parallel import init_process_group, rank, shard_model
+from asyncrl.train.parallel import init_process_group, iter_unit_tensors, rank, shard_model
 from asyncrl.train.update_spec import CriticUpdateSpec, PolicyUpdateSpec
 
 
@@ -120,6 +120,11 @@ class TrainerWorker:
     def iter_policy_tensors(self) -> Iterator[tuple[str, Tensor]]:
         """Full policy tensors one at a time, HF names; every rank must iterate (collective)."""
         return self.actor.iter_full_tensors()
+
+    def iter_sync_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """The policy for a weight sync: like `iter_policy_tensors`, gathered a layer at a time in the
+        compute dtype (each tensor valid until the next is asked for)."""
+        return iter_unit_tensors(self.actor.model)
 
     def policy_state_numpy(self) -> dict[str, Any]:
         """Full policy weights as numpy (rank 0's view; tests compare them bitwise with engines)."""

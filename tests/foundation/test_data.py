@@ -1,6 +1,8 @@
 """Dataset reading errors name file and row; the sampler resumes exactly; built-in tasks score right."""
 
 import json
+import logging
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +41,8 @@ def test_reads_parquet_and_jsonl_in_verl_schema(tmp_path):
     ({"prompt": [{"content": "hi"}]}, r"row 1: prompt\[0\] must have 'role' and 'content'"),
     ({"prompt": [{"role": "robot", "content": "hi"}]}, r"row 1: prompt\[0\] has role 'robot'"),
     ({"prompt": "hi", "reward_model": "7"}, r"row 1: reward_model must be a mapping"),
+    ({"prompt": "hi", "reward_model": {"answer": "7"}},
+     r"row 1: reward_model\.ground_truth is missing or null \(reward_model keys: \['answer'\]\)"),
     ({"prompt": "hi", "extra_info": [1]}, r"row 1: extra_info must be a mapping"),
 ])
 def test_malformed_row_names_file_and_row(tmp_path, bad_row, message):
@@ -47,12 +51,27 @@ def test_malformed_row_names_file_and_row(tmp_path, bad_row, message):
         read_prompt_file(path)
 
 
+def test_parquet_ground_truth_null_or_of_a_wrong_type_names_file_and_row(tmp_path):
+    parquet.write_table(pa.Table.from_pylist([GOOD_ROW, dict(GOOD_ROW, reward_model={"ground_truth": None})]),
+                        tmp_path / "null.parquet")
+    with pytest.raises(DatasetError, match=r"null\.parquet: row 1: reward_model\.ground_truth is missing or null"):
+        read_prompt_file(tmp_path / "null.parquet")
+    parquet.write_table(pa.Table.from_pylist([dict(GOOD_ROW, reward_model={"ground_truth": b"2"})]),
+                        tmp_path / "binary.parquet")
+    with pytest.raises(DatasetError, match=(r"binary\.parquet: row 0: reward_model\.ground_truth must be a string, "
+                                            r"number, list or mapping, got bytes b'2'")):
+        read_prompt_file(tmp_path / "binary.parquet")
+
+
 def test_file_level_errors(tmp_path):
     with pytest.raises(DatasetError, match="does not exist"):
         read_prompt_file(tmp_path / "none.parquet")
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DatasetError, match="empty.jsonl holds no rows"):
         read_prompt_file(tmp_path / "empty.jsonl")
+    parquet.write_table(pa.Table.from_pylist([GOOD_ROW]).slice(0, 0), tmp_path / "empty.parquet")  # columns, no rows
+    with pytest.raises(DatasetError, match="empty.parquet holds no rows"):
+        read_prompt_file(tmp_path / "empty.parquet")
     (tmp_path / "broken.jsonl").write_text(json.dumps(GOOD_ROW) + "\n{not json\n")
     with pytest.raises(DatasetError, match="broken.jsonl: line 2 is not valid JSON"):
         read_prompt_file(tmp_path / "broken.jsonl")
@@ -128,7 +147,7 @@ def test_task_knobs_change_difficulty():
         make_task("arithmetic", {"min_digits": "3", "max_digits": "2"})
 
 
-def test_prompt_dataset_applies_template_and_overlong_policy(tmp_path):
+def test_prompt_dataset_applies_template_and_overlong_policy(tmp_path, caplog):
     from asyncrl.config import load_config
     from asyncrl.data.dataset import PromptDataset
     from asyncrl.models import load_tokenizer, save_char_tokenizer
@@ -137,16 +156,25 @@ def test_prompt_dataset_applies_template_and_overlong_policy(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", rows)
     limit = len(tokenizer.encode("<|user|>1+1=<|assistant|>", add_special_tokens=False))
     base = ["data.max_prompt_length=" + str(limit)]
+    caplog.set_level(logging.WARNING, logger="asyncrl")
     dataset = PromptDataset.from_files([str(path)], tokenizer, load_config(None, base).data)
     assert dataset.num_dropped == 1 and len(dataset) == 2
+    assert f"dropped 1 of 3 prompts of {path} longer than data.max_prompt_length={limit}" in caplog.text
     assert tokenizer.decode(dataset[0].prompt_ids) == "<|user|>1+1=<|assistant|>"
     assert dataset[1].record.prompt_id == "p.jsonl:2"
     left = PromptDataset.from_files([str(path)], tokenizer, load_config(
         None, base + ["data.filter_overlong_prompts=false", "data.truncation=left"]).data)
     assert len(left) == 3 and len(left[1].prompt_ids) == limit
     assert tokenizer.decode(left[1].prompt_ids).endswith("678=<|assistant|>")
+    assert left.num_truncated == 1
+    assert f"truncated 1 of 3 prompts of {path} to data.max_prompt_length={limit} (data.truncation=left)" in caplog.text
+    right = PromptDataset.from_files([str(path)], tokenizer, load_config(
+        None, base + ["data.filter_overlong_prompts=false", "data.truncation=right"]).data)
+    assert len(right[1].prompt_ids) == limit and tokenizer.decode(right[1].prompt_ids).startswith("<|user|>12345")
     with pytest.raises(DatasetError, match=r"p\.jsonl:1: prompt has \d+ tokens, more than data\.max_prompt_length"):
         PromptDataset.from_files([str(path)], tokenizer, load_config(
             None, base + ["data.filter_overlong_prompts=false"]).data)
-    with pytest.raises(DatasetError, match="no prompt left"):
+    with pytest.raises(DatasetError, match=re.escape(f"{path}: no prompt left after dropping 3 overlong prompts")):
         PromptDataset.from_files([str(path)], tokenizer, load_config(None, ["data.max_prompt_length=2"]).data)
+    with pytest.raises(DatasetError, match=r"no dataset files given \(data\.train_files / data\.val_files is empty\)"):
+        PromptDataset.from_files([], tokenizer, load_config(None, base).data)

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from asyncrl.models import (
     ValueModel,
+    check_model_folder,
     iter_named_tensors,
     load_model,
     load_named_tensors,
@@ -127,15 +128,24 @@ def test_load_named_tensors_rejects_unknown_names_and_shapes(qwen2_model):
         load_named_tensors(qwen2_model, [("model.norm.weight", torch.zeros(3))])
 
 
+def _assert_both_raise(folder, message) -> None:
+    """load_model and check_model_folder (headers only, used before a run starts) raise the same error."""
+    for function in (load_model, check_model_folder):
+        with pytest.raises(ValueError, match=message):
+            function(folder)
+
+
 def test_missing_folder_config_and_weights_are_named(family_folders, tmp_path):
-    with pytest.raises(ValueError, match=f"model folder {tmp_path / 'absent'} does not exist"):
-        load_model(tmp_path / "absent")
+    _assert_both_raise(tmp_path / "absent", f"model folder {tmp_path / 'absent'} does not exist")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match=f"model folder {tmp_path / 'empty'} has no config.json"):
-        load_model(tmp_path / "empty")
+    _assert_both_raise(tmp_path / "empty", f"model folder {tmp_path / 'empty'} has no config.json")
+    (tmp_path / "empty" / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"],')
+    _assert_both_raise(tmp_path / "empty", f"{tmp_path / 'empty' / 'config.json'} is not valid JSON")
     shutil.copy(family_folders["qwen2_bias_tied"] / "config.json", tmp_path / "empty" / "config.json")
-    with pytest.raises(ValueError, match="has neither model.safetensors nor model.safetensors.index.json"):
-        load_model(tmp_path / "empty")
+    _assert_both_raise(tmp_path / "empty", "has neither model.safetensors nor model.safetensors.index.json")
+    for kind in ("causal_lm", "value"):
+        assert check_model_folder(family_folders["qwen2_bias_tied"], kind) == load_model(
+            family_folders["qwen2_bias_tied"]).config
 
 
 def _copy_with_edited_weights(source, destination, edit) -> None:
@@ -148,20 +158,17 @@ def _copy_with_edited_weights(source, destination, edit) -> None:
 def test_missing_unexpected_and_misshaped_tensors_are_named(family_folders, tmp_path):
     source = family_folders["llama3_scaled_untied"]
     _copy_with_edited_weights(source, tmp_path / "missing", lambda t: t.pop("model.layers.1.mlp.down_proj.weight"))
-    with pytest.raises(ValueError, match=r"missing tensors \['model.layers.1.mlp.down_proj.weight'\]"):
-        load_model(tmp_path / "missing")
+    _assert_both_raise(tmp_path / "missing", r"missing tensors \['model.layers.1.mlp.down_proj.weight'\]")
     _copy_with_edited_weights(source, tmp_path / "extra", lambda t: t.update({"model.extra.weight": torch.zeros(2)}))
-    with pytest.raises(ValueError, match=r"unexpected tensors \['model.extra.weight'\]"):
-        load_model(tmp_path / "extra")
+    _assert_both_raise(tmp_path / "extra", r"unexpected tensors \['model.extra.weight'\]")
 
     def shrink(tensors):
         tensors["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(16, 64)
 
     _copy_with_edited_weights(source, tmp_path / "shape", shrink)
-    with pytest.raises(ValueError, match=(
-            rf"model folder {tmp_path / 'shape'}: tensor model.layers.0.self_attn.k_proj.weight in model.safetensors "
-            r"has shape \[16, 64\], the model expects \[32, 64\]")):
-        load_model(tmp_path / "shape")
+    _assert_both_raise(tmp_path / "shape", (
+        rf"model folder {tmp_path / 'shape'}: tensor model.layers.0.self_attn.k_proj.weight in model.safetensors "
+        r"has shape \[16, 64\], the model expects \[32, 64\]"))
 
 
 def test_unsupported_architecture_names_the_file(family_folders, tmp_path):
@@ -170,5 +177,4 @@ def test_unsupported_architecture_names_the_file(family_folders, tmp_path):
     hf_config = json.loads(config_path.read_text())
     hf_config.update(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe")
     config_path.write_text(json.dumps(hf_config))
-    with pytest.raises(ValueError, match=rf"{config_path}: architectures=\['Qwen2MoeForCausalLM'\] is not supported"):
-        load_model(tmp_path / "moe")
+    _assert_both_raise(tmp_path / "moe", rf"{config_path}: architectures=\['Qwen2MoeForCausalLM'\] is not supported")

@@ -172,3 +172,23 @@ def test_a_nan_loss_skips_the_step_counts_it_and_repeated_ones_stop_the_run(mode
     assert num_skipped == 1 and unchanged and moved
     assert error.startswith("NonFiniteTrainingError: actor: 2 optimizer steps in a row")
     assert "trainer.max_consecutive_nonfinite=2" in error
+
+
+def sync_tensors_against_full(rank, world_size, port, model_path):
+    """Weight sync's per-unit gather against the per-tensor one, then a training step on the resharded model."""
+    worker = TrainerWorker(trainer_config(model_path), rank, world_size, "127.0.0.1", port, total_training_steps=10)
+    full = {name: tensor.clone() for name, tensor in worker.iter_policy_tensors()}
+    units = [(name, tensor.clone()) for name, tensor in worker.iter_sync_tensors()]
+    batch = make_batch()
+    spec = PolicyUpdateSpec.from_config(worker.config, batch.num_rows, step=0)
+    shards, _ = shard_batch(batch, world_size, spec.num_mini_batches)
+    metrics = worker.update_actor(shards[rank], spec)  # the model is sharded again and trains
+    return ([name for name, _ in units] == list(full),
+            all(torch.equal(tensor, full[name]) for name, tensor in units), metrics["actor/grad_norm"])
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_weight_sync_gather_per_unit_equals_per_tensor_gather(model_path, world_size):
+    for same_order, same_values, grad_norm in run_in_processes(sync_tensors_against_full, world_size, model_path):
+        assert same_order and same_values
+        assert grad_norm > 0

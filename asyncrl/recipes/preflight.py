@@ -1,0 +1,41 @@
+"""Pre-flight checks of the model and tokenizer folders: what would otherwise fail inside a trainer rank or a
+rollout replica, after Ray and the workers started, fails here in about a second with one line naming the key.
+
+    model_config, tokenizer = check_model_inputs(config)   # raises ConfigError; build_runtime runs it before Ray
+
+Checked: the policy folder (config.json, architecture, weight files, tensor names and shapes, read from the
+safetensors headers only), the critic's folder when it has its own, and that the tokenizer belongs to the model
+(`check_tokenizer_fits_model`). Datasets, prompt lengths and the reward function are checked next, by
+`load_inputs`, also before Ray starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncrl.config import AsyncRLConfig, ConfigError, needs_critic
+from asyncrl.models import TransformerConfig, check_model_folder, check_tokenizer_fits_model, load_tokenizer
+
+
+def check_model_inputs(config: AsyncRLConfig) -> tuple[TransformerConfig, Any]:
+    """The policy's config and the tokenizer, both checked."""
+    if not config.model.path:
+        raise ConfigError("model.path is empty: set it to an HF model folder (config.json, safetensors, tokenizer)")
+    model_config = check_folder("model.path", config.model.path, "causal_lm")
+    if needs_critic(config) and config.critic.model_path:
+        check_folder("critic.model_path", config.critic.model_path, "value")
+    tokenizer_key = "model.tokenizer_path" if config.model.tokenizer_path else "model.path"
+    tokenizer_path = config.model.tokenizer_path or config.model.path
+    try:
+        tokenizer = load_tokenizer(tokenizer_path)
+        check_tokenizer_fits_model(tokenizer, tokenizer_path, model_config, config.model.path)
+    except ValueError as error:
+        raise ConfigError(f"{tokenizer_key}: {error}") from None
+    return model_config, tokenizer
+
+
+def check_folder(key: str, folder: str, kind: str) -> TransformerConfig:
+    try:
+        return check_model_folder(folder, kind)
+    except ValueError as error:
+        raise ConfigError(f"{key}: {error}") from None

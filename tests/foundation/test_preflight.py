@@ -1,0 +1,92 @@
+"""Pre-flight checks of the model, critic and tokenizer folders and of the context length: a wrong input
+fails with one line naming the key, the folders and the sizes, before `build_runtime` starts Ray."""
+
+import json
+import re
+import shutil
+
+import pytest
+
+from asyncrl.config import ConfigError, load_config
+from asyncrl.models import build_tiny_model, load_tokenizer
+from asyncrl.recipes import launch, runtime
+from asyncrl.recipes.preflight import check_model_inputs
+from asyncrl.recipes.runtime import load_inputs
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("preflight") / "tiny", max_position_embeddings=128)
+
+
+def config_for(model_folder, *overrides):
+    return load_config(None, [f"model.path={model_folder}", *overrides])
+
+
+def copy_with_edited_json(source, destination, file_name, **changes):
+    shutil.copytree(source, destination)
+    path = destination / file_name
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+    return destination
+
+
+def test_a_matching_model_and_tokenizer_pass(model_folder):
+    check_model_inputs(config_for(model_folder))
+
+
+def test_tokenizer_larger_than_the_embedding_names_both_folders_and_sizes(model_folder, tmp_path):
+    tokenizer = load_tokenizer(model_folder)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|tool|>", "<|think|>"]})
+    tokenizer.save_pretrained(tmp_path / "bigger")
+    message = (rf"model\.tokenizer_path: tokenizer {re.escape(str(tmp_path / 'bigger'))} has 105 tokens but model "
+               rf"{re.escape(str(model_folder))} has vocab_size=103 \(config\.json\): token ids 103\.\.104 would "
+               r"index past its embedding")
+    with pytest.raises(ConfigError, match=message):
+        check_model_inputs(config_for(model_folder, f"model.tokenizer_path={tmp_path / 'bigger'}"))
+
+
+def test_tokenizer_without_eos_or_with_an_eos_the_model_does_not_stop_on(model_folder, tmp_path):
+    (tmp_path / "no_eos").mkdir()  # tokenizer.json copied without tokenizer_config.json: no eos, no chat template
+    shutil.copy(model_folder / "tokenizer.json", tmp_path / "no_eos" / "tokenizer.json")
+    with pytest.raises(ConfigError, match=(
+            rf"model\.tokenizer_path: tokenizer {re.escape(str(tmp_path / 'no_eos'))} defines no eos_token \(is its "
+            r"tokenizer_config\.json, which also holds the chat template, missing\?\).*eos_token_id=\[1\]")):
+        check_model_inputs(config_for(model_folder, f"model.tokenizer_path={tmp_path / 'no_eos'}"))
+    other_eos = copy_with_edited_json(model_folder, tmp_path / "other_eos", "config.json", eos_token_id=2)
+    with pytest.raises(ConfigError, match=(
+            r"ends a turn with eos_token '<\|endoftext\|>' \(id 1\) but model .*other_eos stops only on "
+            r"eos_token_id=\[2\] \(config\.json\), so responses would run to data\.max_response_length; add 1")):
+        check_model_inputs(config_for(other_eos))
+
+
+def test_tokenizer_folder_without_tokenizer_files_is_named_with_its_key(model_folder, tmp_path):
+    with pytest.raises(ConfigError, match=rf"model\.tokenizer_path: tokenizer folder {re.escape(str(tmp_path))} "
+                                          r"lacks tokenizer files"):
+        check_model_inputs(config_for(model_folder, f"model.tokenizer_path={tmp_path}"))
+
+
+def test_model_and_critic_folders_are_checked_without_loading_a_tensor(model_folder, tmp_path):
+    with pytest.raises(ConfigError, match="model.path is empty"):
+        check_model_inputs(load_config(None, []))
+    shutil.copytree(model_folder, tmp_path / "no_weights")
+    (tmp_path / "no_weights" / "model.safetensors").unlink()
+    with pytest.raises(ConfigError, match=rf"model\.path: model folder {re.escape(str(tmp_path / 'no_weights'))} "
+                                          r"has neither model\.safetensors nor model\.safetensors\.index\.json"):
+        check_model_inputs(config_for(tmp_path / "no_weights"))
+    with pytest.raises(ConfigError, match=r"critic\.model_path: model folder .*no_critic does not exist"):
+        check_model_inputs(config_for(model_folder, "algorithm.adv_estimator=gae",
+                                      f"critic.model_path={tmp_path / 'no_critic'}"))
+
+
+def test_train_checks_the_folders_before_starting_ray(model_folder, tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime, "start_ray", lambda config: pytest.fail("Ray started before the checks"))
+    with pytest.raises(ConfigError, match="lacks tokenizer files"):
+        launch.train(config_for(model_folder, f"model.tokenizer_path={tmp_path}"))
+
+
+def test_prompt_plus_response_longer_than_the_model_context_fails_before_ray(model_folder):
+    config = config_for(model_folder, "data.max_prompt_length=100", "data.max_response_length=40")
+    with pytest.raises(ConfigError, match=(
+            r"data\.max_prompt_length \+ data\.max_response_length = 140 exceeds the model's "
+            rf"max_position_embeddings \(128\) in {re.escape(str(model_folder))}")):
+        load_inputs(config)
