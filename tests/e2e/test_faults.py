@@ -6,7 +6,8 @@
   every prompt once;
 - SIGTERM mid-run: a checkpoint is saved and the process exits cleanly; resuming finishes the run;
 - a truncated checkpoint is detected and skipped with a message; the one before it is used;
-- a checkpoint from an incompatible config is refused, listing the differing keys.
+- a checkpoint from an incompatible config is refused, listing the differing keys;
+- a pipeline that stops producing samples is reported by the watchdog with every component's state.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 
 from asyncrl.config import dump_config
 from asyncrl.recipes.errors import IncompatibleCheckpointError
+from asyncrl.recipes.fully_async.trainer import PipelineStalledError
 from asyncrl.recipes.launch import train
 from asyncrl.telemetry import read_metrics
 
@@ -158,3 +160,22 @@ def test_truncated_checkpoint_is_skipped_and_an_incompatible_one_refused(make_co
     assert steps == [1, 2, 3, 4]  # step 3 was redone from step 2's checkpoint, its old line replaced
     with pytest.raises(IncompatibleCheckpointError, match=r"rollout\.n: 8 in the checkpoint, 4 now"):
         train(epoch_config(make_config, epoch_file, "rollout.n=4", "trainer.total_steps=6"))
+
+
+def test_a_stalled_pipeline_is_reported_by_the_watchdog_with_every_component_state(make_config, epoch_file,
+                                                                                  tmp_path, ray_session):
+    reward_file = tmp_path / "slow.py"  # scoring stalls (within its timeout): no sample reaches the queue
+    reward_file.write_text("import time\n\n"
+                           "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                           "    time.sleep(60)\n"
+                           "    return 0.0\n")
+    config = epoch_config(make_config, epoch_file, "trainer.mode=fully_async", "rollout.n_gpus_per_node=1",
+                          f"reward.custom_function={reward_file}:compute_score", "reward.timeout_s=120",
+                          "ray.watchdog_s=3")
+    started = time.monotonic()
+    with pytest.raises(PipelineStalledError) as raised:
+        train(config)
+    message = str(raised.value)
+    assert "no sample reached the trainer" in message and "ray.watchdog_s=3" in message
+    assert "'trainer': {'step': 0" in message and "'queue': {" in message and "'rollouter': {" in message
+    assert time.monotonic() - started < 100  # reported while the reward function still sleeps, not after
