@@ -13,6 +13,7 @@ breakdown times each side's local work alone: the trainer's gather + cast, the e
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import socket
 import tempfile
@@ -28,6 +29,7 @@ from asyncrl.core.replica_rollout import transfer_plan
 from asyncrl.distributed.weight_transport import WeightReceiver, WeightSender, broadcast, create_group
 from asyncrl.engine import EngineConfig, LLMEngine
 from asyncrl.train import TrainerWorker
+from asyncrl.train.parallel import local_shard
 
 
 def free_port() -> int:
@@ -39,6 +41,10 @@ def free_port() -> int:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def digest(tensor: torch.Tensor) -> str:
+    return hashlib.sha1(tensor.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
 
 def run_side(rank: int, folder: str, device_type: str, bucket_mb: int, repeats: int, ports: tuple[int, int],
@@ -83,11 +89,22 @@ def run_side(rank: int, folder: str, device_type: str, bucket_mb: int, repeats: 
             engine.update_weights(copies, version=1)
         synchronize(device)
         parts.append(time.perf_counter() - started)
+    # The check: after the syncs above, every engine tensor is bitwise the trainer's master weight cast to
+    # the engine dtype (digests computed on each side independently of the sync path).
+    # The trainer's weights are moved first, so an engine still holding the model folder's weights fails it.
     if rank == 0:
-        queue.put({"gather_s": min(parts[1:])})
+        with torch.no_grad():
+            for parameter in worker.actor.model.parameters():
+                local_shard(parameter).add_(torch.randn_like(local_shard(parameter)), alpha=1e-2)
+        WeightSender(group, plan, device).send(worker.iter_sync_tensors())
+        digests = {name: digest(tensor.to(engine_dtype)) for name, tensor in worker.iter_policy_tensors()}
+        queue.put({"gather_s": min(parts[1:]), "trainer_digests": digests})
     if rank == 1:
         sync_s, raw_s = min(timings["sync"][1:]), min(timings["raw"][1:])
-        queue.put({"load_s": min(parts[1:]), "bytes": plan.total_bytes, "sync_s": sync_s, "raw_s": raw_s,
+        engine.update_weights(WeightReceiver(group, plan, device).receive(), version=2)
+        digests = {name: digest(parameter) for name, parameter in engine.runner.model.named_parameters()}
+        queue.put({"engine_digests": digests, "load_s": min(parts[1:]), "bytes": plan.total_bytes,
+                   "sync_s": sync_s, "raw_s": raw_s,
                    "sync_gb_per_s": plan.total_bytes / sync_s / 1e9, "raw_gb_per_s": plan.total_bytes / raw_s / 1e9,
                    "fraction_of_raw": raw_s / sync_s, "buckets": plan.num_buckets})
 
@@ -102,6 +119,8 @@ def run_sync_benchmark(model: str, device: str = "cuda", bucket_mb: int = 256, r
     for process in processes:
         process.start()
     result = {**queue.get(timeout=900), **queue.get(timeout=900)}
+    trainer, engine = result.pop("trainer_digests"), result.pop("engine_digests")
+    result["bitwise_equal"] = all(engine[name] == trainer[name] for name in engine) and len(engine) > 0
     for process in processes:
         process.join(timeout=60)
     return {"model": model, "device": device, "bucket_mb": bucket_mb, **result}
@@ -116,12 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=None, help="append results as JSON lines")
     options = parser.parse_args(argv)
     print(f"{'model':16s} {'MB':>8s} {'sync s':>8s} {'GB/s':>7s} {'raw s':>8s} {'raw GB/s':>9s} {'of raw':>7s} "
-          f"{'gather s':>9s} {'load s':>8s}")
+          f"{'gather s':>9s} {'load s':>8s} {'bitwise':>8s}")
     for model in options.models:
         result = run_sync_benchmark(model, options.device, options.bucket_mb, options.repeats)
         print(f"{model:16s} {result['bytes'] / 1e6:8.1f} {result['sync_s']:8.4f} {result['sync_gb_per_s']:7.1f} "
               f"{result['raw_s']:8.4f} {result['raw_gb_per_s']:9.1f} {result['fraction_of_raw']:7.0%} "
-              f"{result['gather_s']:9.4f} {result['load_s']:8.4f}")
+              f"{result['gather_s']:9.4f} {result['load_s']:8.4f} {str(result['bitwise_equal']):>8s}")
         if options.output:
             Path(options.output).parent.mkdir(parents=True, exist_ok=True)
             with open(options.output, "a") as handle:
