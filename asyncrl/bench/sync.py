@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import socket
 import tempfile
 import time
@@ -24,6 +23,7 @@ import torch
 import torch.multiprocessing as mp
 
 from asyncrl.bench.models import write_random_model
+from asyncrl.bench.results import append_result
 from asyncrl.config import load_config
 from asyncrl.core.replica_rollout import transfer_plan
 from asyncrl.distributed.weight_transport import WeightReceiver, WeightSender, broadcast, create_group
@@ -142,9 +142,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{result['raw_s']:8.4f} {result['raw_gb_per_s']:9.1f} {result['fraction_of_raw']:7.0%} "
               f"{result['gather_s']:9.4f} {result['load_s']:8.4f} {str(result['bitwise_equal']):>8s}")
         if options.output:
-            Path(options.output).parent.mkdir(parents=True, exist_ok=True)
-            with open(options.output, "a") as handle:
-                handle.write(json.dumps(result) + "\n")
+            append_result(options.output, result)
     return 0
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from asyncrl.bench.models import qwen2_config, write_random_model
+from asyncrl.bench.results import append_result
 from asyncrl.config import load_config
 from asyncrl.models import TransformerConfig
 from asyncrl.train import PolicyUpdateSpec, TrainBatch, TrainerWorker
@@ -111,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                                    options.gradient_checkpointing, options.num_updates, device=options.device)
     print(json.dumps(result, indent=1))
     if options.output:
-        Path(options.output).parent.mkdir(parents=True, exist_ok=True)
-        with open(options.output, "a") as handle:
-            handle.write(json.dumps(result) + "\n")
+        append_result(options.output, result)
     return 0
 
 

@@ -22,6 +22,7 @@ from asyncrl.config import AsyncRLConfig
 from asyncrl.core.rollout import PendingGeneration, spread
 from asyncrl.core.trainer_group import TrainerGroup
 from asyncrl.distributed.remote import RemoteCallError, RemoteUnavailableError, settle, wait_for_all
+from asyncrl.distributed.resource_pool import worker_name
 from asyncrl.distributed.weight_transport import TransferPlan
 from asyncrl.engine import GenerationRequest, GenerationResult
 from asyncrl.models import CausalLM, read_config
@@ -47,7 +48,7 @@ class ReplicaRollout:
         self.config = config
         self.engine_dtype = engine_dtype
         self.new_address = new_address          # a fresh (host, port) on trainer rank 0's node
-        self.names = [f"rollout/replica{index}" for index in range(len(replicas))]
+        self.names = [worker_name("rollout", index) for index in range(len(replicas))]
         self.timeout_s = config.ray.rpc_timeout_s
         self.sync_timeout_s = config.weight_sync.timeout_s
         self.incarnations: list[str] = []

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.distributed.remote import wait_for_all
+from asyncrl.distributed.resource_pool import worker_name
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch, gather_rows, shard_batch
 
 
@@ -23,7 +24,7 @@ class TrainerGroup:
     def __init__(self, actors: list[Any], timeout_s: float):
         self.actors = actors
         self.timeout_s = timeout_s
-        self.names = [f"trainer/rank{rank}" for rank in range(len(actors))]
+        self.names = [worker_name("trainer", rank) for rank in range(len(actors))]
 
     @property
     def world_size(self) -> int:

@@ -72,6 +72,7 @@ class Pools:
 
 
 def worker_name(pool_name: str, index: int) -> str:
+    """How errors, logs and `summary.json` name a worker: trainer/rank0, rollout/replica1."""
     return f"trainer/rank{index}" if pool_name == "trainer" else f"{pool_name}/replica{index}"
 
 

@@ -45,8 +45,9 @@ def _paged_decode_kernel(
     heads = kv_head * GROUP_SIZE + group
     head_mask = group < GROUP_SIZE
     dim_mask = dims < HEAD_DIM
+    row_mask = head_mask[:, None] & dim_mask[None, :]  # (G, D): the real heads and dimensions
     query_offsets = sequence * stride_query_sequence + heads[:, None] * stride_query_head + dims[None, :]
-    query = tl.load(query_ptr + query_offsets, mask=head_mask[:, None] & dim_mask[None, :], other=0.0)  # (G, D)
+    query = tl.load(query_ptr + query_offsets, mask=row_mask, other=0.0)  # (G, D)
 
     running_max = tl.full([GROUP_PAD], NEGATIVE_LARGE, tl.float32)
     running_sum = tl.zeros([GROUP_PAD], tl.float32)
@@ -73,7 +74,6 @@ def _paged_decode_kernel(
                                                                  input_precision=DOT_PRECISION)
         running_max = new_max
 
-    row_mask = head_mask[:, None] & dim_mask[None, :]
     if NUM_SPLITS == 1:
         output = accumulator / running_sum[:, None]
         output_offsets = sequence * stride_output_sequence + heads[:, None] * stride_output_head + dims[None, :]

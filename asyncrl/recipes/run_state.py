@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ from asyncrl.data.records import TokenizedPrompt
 from asyncrl.recipes.errors import IncompatibleCheckpointError
 from asyncrl.data.sampler import PromptSampler
 from asyncrl.recipes.runtime import Runtime, total_training_steps
+from asyncrl.recipes.stop_signals import StopSignals
 from asyncrl.telemetry import Progress, plot_run
 
 logger = logging.getLogger(__name__)
@@ -46,33 +45,6 @@ def check_compatible(saved: dict[str, Any], current: dict[str, Any], folder: Pat
         raise IncompatibleCheckpointError(
             f"cannot resume from {folder}: the config differs in " + "; ".join(differences) +
             ". Use the original values, another trainer.output_dir, or trainer.resume=disable.")
-
-
-class StopSignals:
-    """While active, the first SIGTERM or SIGINT only asks the loop to stop after the current step (a
-    second SIGINT raises KeyboardInterrupt as usual). Outside the main thread it does nothing."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.signal_name = ""
-        self.previous: dict[int, Any] = {}
-
-    def handle(self, number: int, frame: Any) -> None:
-        if self.requested and number == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.signal_name = signal.Signals(number).name
-        logger.warning("%s received: stopping after the current step, with a checkpoint", self.signal_name)
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for number in (signal.SIGTERM, signal.SIGINT):
-                self.previous[number] = signal.signal(number, self.handle)
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        for number, handler in self.previous.items():
-            signal.signal(number, handler)
 
 
 class StepRecipe(Protocol):
@@ -168,10 +140,15 @@ class RunState:
         self.runtime.tracker.close()
         logger.warning("stopped by %s after step %d; checkpoint saved under %s; run again (trainer.resume=auto) "
                        "to continue", signal_name, self.step, self.checkpoints.root)
-        return {"steps": self.step, "samples": self.num_samples, "tokens": self.num_tokens, "stopped_by": signal_name,
-                "wall_time_s": time.monotonic() - self.started_s, "output_dir": str(self.runtime.output_dir),
-                "initial_validation": {}, "final_validation": {}, "mode": self.runtime.config.trainer.mode,
-                "param_version": self.runtime.core.version}
+        return {**self.summary({}, {}), "stopped_by": signal_name}
+
+    def summary(self, initial_validation: dict[str, float], final_validation: dict[str, float]) -> dict[str, Any]:
+        runtime = self.runtime
+        return {"steps": self.step, "samples": self.num_samples, "tokens": self.num_tokens,
+                "wall_time_s": time.monotonic() - self.started_s, "param_version": runtime.core.version,
+                "initial_validation": initial_validation, "final_validation": final_validation,
+                "output_dir": str(runtime.output_dir), "mode": runtime.config.trainer.mode,
+                "placement": runtime.pools.placement()}
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def driver_state(self, extra: Optional[dict[str, Any]] = None,
@@ -241,13 +218,7 @@ class RunState:
             runtime.core.log(metrics, self.step)
         save_checkpoint()
         runtime.trainers.export_policy(str(runtime.output_dir / "policy"))
-        summary = {
-            "steps": self.step, "samples": self.num_samples, "tokens": self.num_tokens,
-            "wall_time_s": time.monotonic() - self.started_s, "param_version": runtime.core.version,
-            "initial_validation": initial_validation, "final_validation": self.last_validation,
-            "output_dir": str(runtime.output_dir), "mode": runtime.config.trainer.mode,
-            "placement": runtime.pools.placement(),
-        }
+        summary = self.summary(initial_validation, self.last_validation)
         (runtime.output_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
         runtime.tracker.close()
         plot_run(runtime.output_dir)

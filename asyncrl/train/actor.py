@@ -11,7 +11,6 @@ over ranks. A non-finite gradient skips the optimizer step and is counted.
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -22,9 +21,10 @@ from asyncrl.models import CausalLM
 from asyncrl.train.batch import TrainBatch
 from asyncrl.train.forward import batched_log_probs, response_log_probs
 from asyncrl.train.metric_sums import MetricSums
+from asyncrl.train.nonfinite import NonFiniteGuard
 from asyncrl.train.micro_batches import micro_batches
 from asyncrl.train.mini_batches import mini_batch_plan
-from asyncrl.train.parallel import all_reduce_sum, clip_gradients, full_tensor, local_shard, world_size
+from asyncrl.train.parallel import all_reduce_sum, clip_gradients, local_shard, world_size
 from asyncrl.train.update_spec import PolicyUpdateSpec
 
 # Token-mean metrics of the policy losses and rollout correction, reduced over tokens of all ranks.
@@ -39,7 +39,6 @@ class PolicyTrainer:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.device = device
-        self.num_skipped_steps = 0
         self.guard = NonFiniteGuard("actor", max_consecutive_nonfinite)
         self.snapshot_tensors: Optional[list[Tensor]] = None
 
@@ -60,7 +59,7 @@ class PolicyTrainer:
         self.scheduler.step()
         metrics = {f"actor/{name}": value for name, value in sums.finish(len(plan)).items()}
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
-        metrics["actor/num_skipped_steps"] = float(self.num_skipped_steps)
+        metrics["actor/num_skipped_steps"] = float(self.guard.num_skipped)
         return metrics
 
     def optimizer_step(self, mini_batch: TrainBatch, spec: PolicyUpdateSpec, sums: MetricSums) -> None:
@@ -73,10 +72,7 @@ class PolicyTrainer:
             (loss * world_size()).backward()
         grad_norm = clip_gradients(self.model, spec.grad_clip)
         sums.add_step_value("grad_norm", grad_norm)
-        if self.guard.allows_step(grad_norm):
-            self.optimizer.step()
-        else:
-            self.num_skipped_steps += 1
+        self.guard.step(self.optimizer, grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
 
     def micro_batch_loss(self, micro: TrainBatch, spec: PolicyUpdateSpec, num_tokens: float, num_seqs: float,
@@ -116,11 +112,6 @@ class PolicyTrainer:
             loss = loss + spec.kl_loss_coef * kl_loss
         return loss
 
-    def iter_full_tensors(self):
-        """(HF name, full tensor) per parameter; a collective over trainer ranks."""
-        for name, parameter in self.model.named_parameters():
-            yield name, full_tensor(parameter.detach())
-
     def snapshot(self) -> None:
         """Copy this rank's parameter shards to host memory (the proximal policy of decoupled mode)."""
         self.snapshot_tensors = [local_shard(p).detach().to("cpu", copy=True) for p in self.model.parameters()]
@@ -135,29 +126,3 @@ class PolicyTrainer:
                 current = live.detach().to("cpu", copy=True)
                 live.copy_(saved.to(live.device))
                 saved.copy_(current)
-
-
-class NonFiniteTrainingError(RuntimeError):
-    """Too many optimizer steps in a row had a non-finite gradient."""
-
-
-class NonFiniteGuard:
-    """Skips an optimizer step whose gradient norm is NaN or inf, and stops the run after too many in a row
-    (a diverged model does not recover by skipping)."""
-
-    def __init__(self, component: str, max_consecutive: int):
-        self.component = component
-        self.max_consecutive = max_consecutive
-        self.consecutive = 0
-
-    def allows_step(self, grad_norm: float) -> bool:
-        if math.isfinite(grad_norm):
-            self.consecutive = 0
-            return True
-        self.consecutive += 1
-        if self.consecutive >= self.max_consecutive:
-            raise NonFiniteTrainingError(
-                f"{self.component}: {self.consecutive} optimizer steps in a row had a non-finite gradient norm "
-                f"({grad_norm}); stopping (trainer.max_consecutive_nonfinite={self.max_consecutive}). Lower the "
-                f"learning rate or check the rewards and advantages for NaN/inf.")
-        return False

@@ -14,10 +14,10 @@ from torch import Tensor
 
 from asyncrl.algos import count_sequences, explained_variance, value_loss
 from asyncrl.models import ValueModel
-from asyncrl.train.actor import NonFiniteGuard
 from asyncrl.train.batch import TrainBatch
 from asyncrl.train.forward import batched_values, response_values
 from asyncrl.train.metric_sums import MetricSums
+from asyncrl.train.nonfinite import NonFiniteGuard
 from asyncrl.train.micro_batches import micro_batches
 from asyncrl.train.mini_batches import mini_batch_plan
 from asyncrl.train.parallel import all_reduce_sum, clip_gradients, world_size
@@ -32,7 +32,6 @@ class CriticTrainer:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.device = device
-        self.num_skipped_steps = 0
         self.guard = NonFiniteGuard("critic", max_consecutive_nonfinite)
 
     def compute_values(self, batch: TrainBatch, micro_batch_size: int, max_tokens: Optional[int]) -> Tensor:
@@ -70,8 +69,5 @@ class CriticTrainer:
             sums.add_token_mean("vf_clipfrac", loss_metrics["vf_clipfrac"], float(micro.response_mask.sum()))
         grad_norm = clip_gradients(self.model, spec.grad_clip)
         sums.add_step_value("grad_norm", grad_norm)
-        if self.guard.allows_step(grad_norm):
-            self.optimizer.step()
-        else:
-            self.num_skipped_steps += 1
+        self.guard.step(self.optimizer, grad_norm)
         self.optimizer.zero_grad(set_to_none=True)

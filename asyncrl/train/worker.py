@@ -26,7 +26,7 @@ from asyncrl.train.checkpoint import Component, load_trainer_state, save_trainer
 from asyncrl.train.critic import CriticTrainer
 from asyncrl.train.forward import batched_log_probs
 from asyncrl.train.optim import build_optimizer, build_scheduler
-from asyncrl.train.parallel import init_process_group, iter_unit_tensors, rank, shard_model
+from asyncrl.train.parallel import init_process_group, iter_full_tensors, iter_unit_tensors, rank, shard_model
 from asyncrl.train.update_spec import CriticUpdateSpec, PolicyUpdateSpec
 
 
@@ -119,11 +119,11 @@ class TrainerWorker:
     # ---- weights --------------------------------------------------------------------------------------
     def iter_policy_tensors(self) -> Iterator[tuple[str, Tensor]]:
         """Full policy tensors one at a time, HF names; every rank must iterate (collective)."""
-        return self.actor.iter_full_tensors()
+        return iter_full_tensors(self.actor.model)
 
     def iter_sync_tensors(self) -> Iterator[tuple[str, Tensor]]:
-        """The policy for a weight sync: like `iter_policy_tensors`, gathered a layer at a time in the
-        compute dtype (each tensor valid until the next is asked for)."""
+        """The policy for a weight sync: like `iter_policy_tensors`, gathered an FSDP unit at a time (none on
+        one rank); each tensor is valid until the next is asked for, and the receiver casts it."""
         return iter_unit_tensors(self.actor.model)
 
     def policy_state_numpy(self) -> dict[str, Any]:
@@ -152,8 +152,8 @@ class TrainerWorker:
         return components
 
     def save_checkpoint(self, folder: str | Path) -> None:
-        save_trainer_state(folder, self.components(), extra={"actor_skipped": self.actor.num_skipped_steps})
+        save_trainer_state(folder, self.components(), extra={"actor_skipped": self.actor.guard.num_skipped})
 
     def load_checkpoint(self, folder: str | Path) -> None:
         extra = load_trainer_state(folder, self.components())
-        self.actor.num_skipped_steps = extra["actor_skipped"]
+        self.actor.guard.num_skipped = extra["actor_skipped"]
