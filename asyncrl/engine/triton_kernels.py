@@ -32,9 +32,7 @@ def _paged_decode_kernel(
     HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    sequence = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    sequence, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     context_len = tl.load(context_lens_ptr + sequence)
     tiles_per_split = tl.cdiv(tl.cdiv(context_len, TILE), NUM_SPLITS)
     start = split * tiles_per_split * TILE
