@@ -29,7 +29,7 @@ from asyncrl.core.rollout import ColocatedRollout, Rollout
 from asyncrl.core.stages import PPOCore
 from asyncrl.core.trainer_group import TrainerGroup
 from asyncrl.data.dataset import PromptDataset
-from asyncrl.distributed.remote import wait_for_all
+from asyncrl.distributed.remote import RemoteCallError, wait_for_all
 from asyncrl.distributed.resource_pool import PoolSpec, Pools, ResourceError, allocate_pools
 from asyncrl.distributed.runtime import start_ray
 from asyncrl.distributed.rollout_replica import RolloutReplicaActor
@@ -124,6 +124,9 @@ def threads_per_worker(spec: PoolSpec, num_workers: int) -> int:
     return 4 if spec.num_gpus_per_worker else max(1, (os.cpu_count() or 1) // num_workers)
 
 
+PORT_ATTEMPTS = 3
+
+
 @ray.remote(num_cpus=0)
 def node_address() -> tuple[str, int]:
     """An address and a free port on the node this runs on (for the trainer ranks' process group)."""
@@ -133,17 +136,29 @@ def node_address() -> tuple[str, int]:
 
 
 def start_trainers(config: AsyncRLConfig, pools: Pools, total_steps: int, host_engine: bool) -> TrainerGroup:
+    """The trainer ranks, joined in their process group. The group's port is probed free on rank 0's node
+    and bound a moment later by rank 0; another process can take it in between, so a start that fails with
+    EADDRINUSE is repeated on a fresh port."""
     spec = pools.spec("trainer")
-    address, port = ray.get(node_address.options(scheduling_strategy=pools.strategy("trainer", 0)).remote())
     threads = threads_per_worker(spec, sum(pool.num_workers for pool in pools.specs))
-    actors = [TrainerActor.options(num_cpus=spec.num_cpus_per_worker, num_gpus=spec.num_gpus_per_worker,
-                                   scheduling_strategy=pools.strategy("trainer", rank),
-                                   name=None).remote(config, rank, spec.num_workers, address, port, total_steps,
-                                                     host_engine, threads)
-              for rank in range(spec.num_workers)]
-    group = TrainerGroup(actors, config.ray.rpc_timeout_s)
-    wait_for_all([actor.ping.remote() for actor in actors], group.names, "startup", config.ray.rpc_timeout_s)
-    return group
+    attempt = 1
+    while True:
+        address, port = ray.get(node_address.options(scheduling_strategy=pools.strategy("trainer", 0)).remote())
+        actors = [TrainerActor.options(num_cpus=spec.num_cpus_per_worker, num_gpus=spec.num_gpus_per_worker,
+                                       scheduling_strategy=pools.strategy("trainer", rank)).remote(
+                      config, rank, spec.num_workers, address, port, total_steps, host_engine, threads)
+                  for rank in range(spec.num_workers)]
+        group = TrainerGroup(actors, config.ray.rpc_timeout_s)
+        try:
+            wait_for_all([actor.ping.remote() for actor in actors], group.names, "startup", config.ray.rpc_timeout_s)
+            return group
+        except RemoteCallError as error:
+            for actor in actors:
+                ray.kill(actor)
+            if "EADDRINUSE" not in str(error) or attempt == PORT_ATTEMPTS:
+                raise
+            logger.warning("port %d of the trainer group was taken before rank 0 bound it; retrying", port)
+            attempt += 1
 
 
 def start_replicas(config: AsyncRLConfig, pools: Pools, trainers: TrainerGroup) -> ReplicaRollout:

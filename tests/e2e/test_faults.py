@@ -7,7 +7,8 @@
 - SIGTERM mid-run: a checkpoint is saved and the process exits cleanly; resuming finishes the run;
 - a truncated checkpoint is detected and skipped with a message; the one before it is used;
 - a checkpoint from an incompatible config is refused, listing the differing keys;
-- a pipeline that stops producing samples is reported by the watchdog with every component's state.
+- a pipeline that stops producing samples is reported by the watchdog with every component's state;
+- a trainer port taken between its probe and its bind is retried on a fresh port.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +31,7 @@ import pytest
 from asyncrl.config import dump_config
 from asyncrl.recipes.errors import IncompatibleCheckpointError
 from asyncrl.recipes.fully_async.trainer import PipelineStalledError
+from asyncrl.recipes import runtime
 from asyncrl.recipes.launch import train
 from asyncrl.telemetry import read_metrics
 
@@ -179,3 +182,34 @@ def test_a_stalled_pipeline_is_reported_by_the_watchdog_with_every_component_sta
     assert "no sample reached the trainer" in message and "ray.watchdog_s=3" in message
     assert "'trainer': {'step': 0" in message and "'queue': {" in message and "'rollouter': {" in message
     assert time.monotonic() - started < 100  # reported while the reward function still sleeps, not after
+
+
+def test_a_trainer_port_taken_between_probe_and_bind_is_retried_on_a_fresh_one(make_config, ray_session, caplog,
+                                                                                monkeypatch):
+    config = make_config()
+    with socket.socket() as taken, socket.socket() as probe:
+        taken.bind(("", 0))
+        taken.listen()  # someone else listens on the port the probe found free
+        probe.bind(("127.0.0.1", 0))
+        ports = [taken.getsockname()[1], probe.getsockname()[1]]
+        probe.close()
+
+        class ProbedAddresses:  # stands in for the remote `node_address` probe: the taken port, then a free one
+            def options(self, **_):
+                return self
+
+            def remote(self):
+                return ray_session.put(("127.0.0.1", ports.pop(0)))
+
+        monkeypatch.setattr(runtime, "node_address", ProbedAddresses())
+        caplog.set_level(logging.WARNING, logger="asyncrl")
+        pools = runtime.allocate_pools(runtime.pool_specs(config))
+        try:
+            group = runtime.start_trainers(config, pools, total_steps=1, host_engine=False)
+            assert ports == []  # both addresses were used
+            assert any("was taken before rank 0 bound it; retrying" in record.message for record in caplog.records)
+            assert ray_session.get(group.actors[0].ping.remote()) == 0
+            for actor in group.actors:
+                ray_session.kill(actor)
+        finally:
+            pools.release()
