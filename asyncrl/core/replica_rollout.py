@@ -4,7 +4,7 @@
     rollout.connect_weights()                    # once: the weight-sync group
     results = rollout.generate(requests)         # blocking
     pending = rollout.start_generate(requests)   # non-blocking; pending.results() later
-    rollout.sync_weights(version)                # pause -> broadcast -> load -> version -> resume
+    rollout.sync_weights(version)                # pause -> broadcast -> load -> version -> resume, per replica
 
 Every wait names the replica or trainer rank that did not answer.
 """
@@ -83,12 +83,6 @@ class ReplicaRollout:
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return self.start_generate(requests).results()
 
-    def pause(self) -> None:
-        self.wait([replica.pause.remote() for replica in self.replicas], self.names, "pause")
-
-    def resume(self) -> None:
-        self.wait([replica.resume.remote() for replica in self.replicas], self.names, "resume")
-
     def ping_all(self) -> list[str]:
         """Every replica's incarnation, waiting (up to the sync timeout) for one Ray is restarting."""
         deadline = time.monotonic() + self.sync_timeout_s
@@ -126,7 +120,7 @@ class ReplicaRollout:
                 self.reconnect(restarted)
 
     def transfer(self, version: int) -> None:
-        self.pause()
+        """Each replica pauses its stepping, receives and loads, stamps `version` and resumes, in one call."""
         refs = [actor.send_weights.remote() for actor in self.trainers.actors]
         refs += [replica.receive_weights.remote(version) for replica in self.replicas]
         names = self.trainers.names + self.names
@@ -142,7 +136,6 @@ class ReplicaRollout:
                            outcomes)
             raise
         self.version = version
-        self.resume()
 
     def reconnect(self, restarted: list[str]) -> None:
         started = time.monotonic()

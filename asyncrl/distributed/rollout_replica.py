@@ -49,12 +49,6 @@ class RolloutReplica:
     async def abort(self, request_ids: Optional[list[str]] = None) -> list[GenerationResult]:
         return await self.engine.abort(request_ids)
 
-    async def pause(self) -> None:
-        await self.engine.pause()
-
-    async def resume(self) -> None:
-        await self.engine.resume()
-
     async def num_in_flight(self) -> int:
         return self.engine.num_in_flight
 
@@ -69,11 +63,16 @@ class RolloutReplica:
         self.receiver = WeightReceiver(group, plan, device)
 
     async def receive_weights(self, version: int) -> int:
-        """Receive the trainer's weights and stamp new tokens with `version`; the copy happens between two
-        engine steps, so no generation sees a weight change half-way through a step."""
+        """Pause stepping, receive the trainer's weights into the engine in place, stamp new tokens with
+        `version`, resume: the copy happens between two engine steps, so no generation sees a weight
+        change half-way through a step, and requests in flight continue with the new weights."""
         if self.receiver is None:
             raise RuntimeError(f"rollout/replica{self.index}: receive_weights before join_weight_group")
-        return await self.engine.update_weights(self.receiver.receive(), version)
+        await self.engine.pause()
+        try:
+            return await self.engine.update_weights(self.receiver.receive(), version)
+        finally:
+            await self.engine.resume()
 
     async def engine_state(self) -> dict[str, Any]:
         """Every engine parameter as numpy, plus its version (tests compare them bitwise with the trainer)."""

@@ -70,6 +70,15 @@ class TransferPlan:
     def total_bytes(self) -> int:
         return sum(piece.stop - piece.start for piece in self.pieces)
 
+    @property
+    def bucket_sizes(self) -> tuple[int, ...]:
+        """The bytes each bucket uses (the last one, or every one of a small model, is not full): only
+        these travel."""
+        sizes = [0] * self.num_buckets
+        for piece in self.pieces:
+            sizes[piece.bucket] = max(sizes[piece.bucket], piece.offset + piece.stop - piece.start)
+        return tuple(sizes)
+
     def pieces_by_bucket(self) -> list[list[Piece]]:
         buckets: list[list[Piece]] = [[] for _ in range(self.num_buckets)]
         for piece in self.pieces:
@@ -90,6 +99,13 @@ def create_group(host: str, port: int, rank: int, world_size: int, device: torch
     return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
 
 
+def bucket_buffers(plan: TransferPlan, device: torch.device) -> list[Tensor]:
+    """Two byte buffers, each as large as the largest bucket the plan uses (a small model needs less than
+    `bucket_bytes`)."""
+    size = max(plan.bucket_sizes, default=0)
+    return [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
+
+
 def broadcast(group: dist.ProcessGroup, buffer: Tensor) -> dist.Work:
     options = dist.BroadcastOptions()
     options.rootRank = 0
@@ -100,7 +116,7 @@ class WeightSender:
     def __init__(self, group: dist.ProcessGroup, plan: TransferPlan, device: torch.device):
         self.group = group
         self.plan = plan
-        self.buffers = [torch.empty(plan.bucket_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
+        self.buffers = bucket_buffers(plan, device)
         self.itemsize = torch.empty((), dtype=plan.dtype).element_size()
 
     def send(self, named_tensors: Iterable[tuple[str, Tensor]]) -> int:
@@ -108,6 +124,7 @@ class WeightSender:
         tensors = iter(named_tensors)
         current: dict[str, Tensor] = {}
         pending: list[dist.Work | None] = [None, None]
+        sizes = self.plan.bucket_sizes
         for index, pieces in enumerate(self.plan.pieces_by_bucket()):
             slot = index % 2
             if pending[slot] is not None:
@@ -120,7 +137,7 @@ class WeightSender:
                 first, last = piece.start // self.itemsize, piece.stop // self.itemsize
                 target = buffer[piece.offset:piece.offset + piece.stop - piece.start].view(self.plan.dtype)
                 target.copy_(current[piece.name][first:last])
-            pending[slot] = broadcast(self.group, buffer)
+            pending[slot] = broadcast(self.group, buffer[:sizes[index]])
         for work in pending:
             if work is not None:
                 work.wait()
@@ -137,7 +154,7 @@ class WeightReceiver:
     def __init__(self, group: dist.ProcessGroup, plan: TransferPlan, device: torch.device):
         self.group = group
         self.plan = plan
-        self.buffers = [torch.empty(plan.bucket_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
+        self.buffers = bucket_buffers(plan, device)
         self.shapes = dict(zip(plan.names, plan.shapes))
         self.itemsize = torch.empty((), dtype=plan.dtype).element_size()
 
@@ -145,16 +162,17 @@ class WeightReceiver:
         """(name, tensor) pairs, each as soon as its last piece arrived. Bucket k+1 is already in flight
         while the caller consumes bucket k's tensors."""
         buckets = self.plan.pieces_by_bucket()
+        sizes = self.plan.bucket_sizes
         works: list[dist.Work | None] = [None, None]
         if buckets:
-            works[0] = broadcast(self.group, self.buffers[0])
+            works[0] = broadcast(self.group, self.buffers[0][:sizes[0]])
         partial: dict[str, Tensor] = {}
         for index, pieces in enumerate(buckets):
             slot = index % 2
             works[slot].wait()
             # Start the next bucket only now: its buffer is the one consumed (copied out) last iteration.
             if index + 1 < len(buckets):
-                works[1 - slot] = broadcast(self.group, self.buffers[1 - slot])
+                works[1 - slot] = broadcast(self.group, self.buffers[1 - slot][:sizes[index + 1]])
             buffer = self.buffers[slot]
             for piece in pieces:
                 numel = int(torch.Size(self.shapes[piece.name]).numel())

@@ -161,16 +161,21 @@ def start_trainers(config: AsyncRLConfig, pools: Pools, total_steps: int, host_e
             attempt += 1
 
 
-def start_replicas(config: AsyncRLConfig, pools: Pools, trainers: TrainerGroup) -> ReplicaRollout:
-    """Rollout replicas on their own devices, joined to trainer rank 0 by the weight-sync group."""
+def launch_replicas(config: AsyncRLConfig, pools: Pools) -> list[Any]:
+    """Rollout replica actors on their own devices, started without waiting for them (they load their
+    engines while the trainers start)."""
     spec = pools.spec("rollout")
     threads = threads_per_worker(spec, sum(pool.num_workers for pool in pools.specs))
     # Ray restarts a replica that dies (in its bundle); the rollout re-syncs it before using it again.
-    replicas = [RolloutReplicaActor.options(num_cpus=spec.num_cpus_per_worker, num_gpus=spec.num_gpus_per_worker,
-                                            max_restarts=config.rollout.max_replica_restarts, max_task_retries=0,
-                                            scheduling_strategy=pools.strategy("rollout", index)).remote(
-                    config, index, threads) for index in range(spec.num_workers)]
-    engine_dtype = torch.bfloat16 if spec.num_gpus_per_worker else torch.float32
+    return [RolloutReplicaActor.options(num_cpus=spec.num_cpus_per_worker, num_gpus=spec.num_gpus_per_worker,
+                                        max_restarts=config.rollout.max_replica_restarts, max_task_retries=0,
+                                        scheduling_strategy=pools.strategy("rollout", index)).remote(
+                config, index, threads) for index in range(spec.num_workers)]
+
+
+def connect_replicas(config: AsyncRLConfig, pools: Pools, replicas: list[Any], trainers: TrainerGroup) -> ReplicaRollout:
+    """The replicas behind one handle, joined to trainer rank 0 by the weight-sync group."""
+    engine_dtype = torch.bfloat16 if pools.spec("rollout").num_gpus_per_worker else torch.float32
     new_address = lambda: ray.get(node_address.options(scheduling_strategy=pools.strategy("trainer", 0)).remote())  # noqa: E731
     rollout = ReplicaRollout(replicas, trainers, config, engine_dtype, new_address)
     rollout.connect_weights()
@@ -200,8 +205,18 @@ def build_runtime(config: AsyncRLConfig) -> Runtime:
     logger.info("placement: %s", ", ".join(f"{name} on {where['node_ip']} ({where['node_id'][:8]})"
                                            for name, where in pools.placement().items()))
     colocated = num_rollout_replicas(config) == 0
-    trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)), host_engine=colocated)
-    rollout = ColocatedRollout(trainers) if colocated else start_replicas(config, pools, trainers)
+    replicas = [] if colocated else launch_replicas(config, pools)
+    trainers: Optional[TrainerGroup] = None
+    try:
+        trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)), host_engine=colocated)
+        rollout = ColocatedRollout(trainers) if colocated else connect_replicas(config, pools, replicas, trainers)
+    except BaseException:
+        # A failed start leaves nothing behind in a shared Ray cluster: actors, devices and scoring processes.
+        for actor in replicas + (trainers.actors if trainers is not None else []):
+            ray.kill(actor)
+        pools.release()
+        reward.close()
+        raise
     tracker = Tracker(output_dir, config.trainer.logger, config.trainer.project_name, config.trainer.experiment_name,
                       dataclasses.asdict(config), resume_step=resume_step(config, output_dir))
     timeline = Timeline()

@@ -25,7 +25,7 @@ from asyncrl.distributed.resource_pool import allocate_pools
 from asyncrl.distributed.rollout_replica import RolloutReplica
 from asyncrl.engine import SamplingParams
 from asyncrl.models import build_tiny_model, load_tokenizer
-from asyncrl.recipes.runtime import pool_specs, start_replicas, start_trainers
+from asyncrl.recipes.runtime import connect_replicas, launch_replicas, pool_specs, start_trainers
 from asyncrl.train import PolicyUpdateSpec
 
 
@@ -42,7 +42,7 @@ def setup(tmp_path_factory, ray_session):
         "weight_sync.timeout_s=20", "ray.rpc_timeout_s=120"])
     pools = allocate_pools(pool_specs(config))
     trainers = start_trainers(config, pools, total_steps=10, host_engine=False)
-    rollout = start_replicas(config, pools, trainers)
+    rollout = connect_replicas(config, pools, launch_replicas(config, pools), trainers)
     tokenizer = load_tokenizer(model)
     prompts = PromptDataset.from_files(config.data.train_files, tokenizer, config.data).prompts[:4]
     yield config, trainers, rollout, prompts

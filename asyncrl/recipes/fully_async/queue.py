@@ -6,7 +6,7 @@ and `[]` when its timeout passed first.
 End of stream is explicit (`close`), never a sentinel item mixed with the data.
 
     queue = SampleQueueActor.options(num_cpus=0).remote(capacity=M)
-    await queue.put.remote(group)            # rollouter
+    await queue.put.remote(group)            # rollouter (put_many for several)
     groups = ray.get(queue.get.remote(R))    # trainer; None at the end of the data
 """
 
@@ -42,6 +42,13 @@ class SampleQueue:
             self.put_wait_s += loop.time() - started
             self.changed.notify_all()
             return len(self.items)
+
+    async def put_many(self, items: list[Any]) -> int:
+        """`put` each item in order (each waits for room); returns the size after the last."""
+        size = len(self.items)
+        for item in items:
+            size = await self.put(item)
+        return size
 
     async def get(self, count: int, timeout_s: Optional[float] = None) -> Optional[list[Any]]:
         """`count` items, oldest first; fewer only once closed; None when closed and empty; [] when

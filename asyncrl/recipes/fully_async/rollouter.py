@@ -1,8 +1,10 @@
 """The fully-async rollouter: a Ray asyncio actor that owns the data cursor and streams scored groups.
 
-It admits one prompt at a time (a group of rollout.n requests spread over the replicas) while the
-staleness budget, the concurrency cap and the queue allow, scores each group as soon as its last
-response arrives, and puts it on the queue. It never drops a finished sample.
+It admits one prompt at a time (a group of rollout.n requests, sent to one replica in one call so the
+responses share the prompt's KV blocks) while the staleness budget, the concurrency cap and the queue
+allow, scores each group as soon as its last response arrives, and puts it on the queue. Groups that
+finish while an earlier batch is being scored are scored and queued together (one reward call and one
+queue call per batch, not per group). It never drops a finished sample.
 
 At a weight sync the trainer calls `pause` (admission stops; without partial rollout the in-flight groups
 finish, with partial rollout their requests are aborted and the partial responses kept), then
@@ -78,7 +80,8 @@ class Rollouter:
         self.resumed = asyncio.Event()
         self.resumed.set()
         self.settled = asyncio.Condition()
-        self.scoring = asyncio.Lock()
+        self.delivering = asyncio.Lock()            # one scoring + queue call at a time
+        self.to_deliver: list[Group] = []           # generated, waiting for the next delivery
         self.counters = {"generated_groups": 0, "resumed_responses": 0, "aborted_responses": 0,
                          "replica_failures": 0, "requeued_requests": 0}
         self.idle_s, self.version_started_s, self.idle_since = 0.0, time.monotonic(), time.monotonic()
@@ -129,24 +132,40 @@ class Rollouter:
             await self.resumed.wait()
             pending = [slot for slot, result in enumerate(group.results)
                        if result is None or result.finish_reason == "abort"]
-            outputs = await asyncio.gather(*(self.generate_one(group, slot) for slot in pending))
+            outputs = await self.generate_slots(group, pending)
             for slot, result in zip(pending, outputs):
                 group.results[slot] = result
                 self.counters["aborted_responses"] += result.finish_reason == "abort"
-        samples = [Sample(group.prompt, 0, slot, result) for slot, result in enumerate(group.results)]
-        async with self.scoring:  # one scoring call at a time: the executor's worker pipes are not shared
-            group.scored, _ = await asyncio.to_thread(score_samples, samples, self.reward, self.tokenizer)
         self.unqueued[group.serial] = group
         del self.in_flight[group.serial]
         self.counters["generated_groups"] += 1
-        await self.queue.put.remote(group.scored)
-        del self.unqueued[group.serial]
+        await self.deliver(group)
+
+    async def deliver(self, group: Group) -> None:
+        """Score `group` and put it on the queue, with every group that finished while the previous
+        delivery ran. Returns once `group` is on the queue: whoever holds the lock first takes the whole
+        batch, and a later caller whose group was taken finds the batch empty."""
+        self.to_deliver.append(group)
+        async with self.delivering:  # the reward executor's worker pipes are not shared between calls
+            batch, self.to_deliver = self.to_deliver, []
+            if not batch:
+                return
+            samples = [Sample(member.prompt, 0, slot, result)
+                       for member in batch for slot, result in enumerate(member.results)]
+            scored, _ = await asyncio.to_thread(score_samples, samples, self.reward, self.tokenizer)
+            start = 0
+            for member in batch:
+                member.scored, start = scored[start:start + len(member.results)], start + len(member.results)
+            await self.queue.put_many.remote([member.scored for member in batch])
+            for member in batch:
+                del self.unqueued[member.serial]
         async with self.settled:
             self.settled.notify_all()  # a pause waits until finished groups are on the queue
 
-    async def generate_one(self, group: Group, slot: int) -> GenerationResult:
-        """Generate (or resume) one response; a replica that dies mid-request is taken out of rotation
-        until the trainer re-syncs it, and the request starts again on a healthy replica."""
+    async def generate_slots(self, group: Group, slots: list[int]) -> list[GenerationResult]:
+        """Generate (or resume) the responses of `slots`, in one call to one replica; a replica that dies
+        mid-request is taken out of rotation until the trainer re-syncs it, and the requests start again
+        on a healthy replica."""
         while True:
             replica = await self.healthy_replica()
             # No request starts during a sync; nothing awaits between here and the replica call, so a
@@ -155,12 +174,12 @@ class Rollouter:
             if not self.is_healthy[replica]:
                 continue
             try:
-                return await self.generate_on(replica, group, slot)
+                return await self.generate_on(replica, group, slots)
             except (RayActorError, ActorUnavailableError):
                 if self.is_healthy[replica]:
                     self.is_healthy[replica] = False
                     self.counters["replica_failures"] += 1
-                self.counters["requeued_requests"] += 1
+                self.counters["requeued_requests"] += len(slots)
 
     async def healthy_replica(self) -> int:
         async with self.settled:
@@ -172,21 +191,24 @@ class Rollouter:
         """Whether a replica died and waits for the trainer to re-sync it."""
         return not all(self.is_healthy)
 
-    async def generate_on(self, replica: int, group: Group, slot: int) -> GenerationResult:
-        seed = request_seed(self.config.rollout.seed, group.prompt.record.prompt_id, slot, f"epoch{group.epoch}")
-        params = request_params(self.params, seed, self.lengths)
-        previous = group.results[slot]
-        if previous is None:
-            request = GenerationRequest(f"g{group.serial}/{slot}", group.prompt.prompt_ids, params)
-        else:
-            request = GenerationRequest.resume(previous, params)
-            self.counters["resumed_responses"] += 1
-        self.replica_load[replica] += 1
+    async def generate_on(self, replica: int, group: Group, slots: list[int]) -> list[GenerationResult]:
+        requests = []
+        for slot in slots:
+            seed = request_seed(self.config.rollout.seed, group.prompt.record.prompt_id, slot, f"epoch{group.epoch}")
+            params = request_params(self.params, seed, self.lengths)
+            previous = group.results[slot]
+            if previous is None:
+                requests.append(GenerationRequest(f"g{group.serial}/{slot}", group.prompt.prompt_ids, params))
+            else:
+                requests.append(GenerationRequest.resume(previous, params))
+                self.counters["resumed_responses"] += 1
+        self.replica_load[replica] += len(slots)
         self.track_idle(sum(self.replica_load))
         try:
-            return await self.replicas[replica].generate.remote(request)
+            results, _ = await self.replicas[replica].generate_batch.remote(requests)
+            return results
         finally:
-            self.replica_load[replica] -= 1
+            self.replica_load[replica] -= len(slots)
             self.track_idle(sum(self.replica_load))
             async with self.settled:
                 self.settled.notify_all()  # a pause may be waiting for the replicas to go quiet
@@ -213,9 +235,11 @@ class Rollouter:
         is_finishing = bool(self.unqueued) or any(group.is_generated for group in self.in_flight.values())
         return not is_generating and not is_finishing
 
-    async def resume(self, version: int, queue_size: int) -> dict[str, float]:
-        """A new version: charge outstanding work to its budget, report the last version's idle ratio,
-        and let parked groups continue."""
+    async def resume(self, version: int) -> tuple[dict[str, float], list[tuple[float, float]]]:
+        """A new version: charge outstanding work (generating, parked, queued) to its budget and let parked
+        groups continue. Returns the last version's idle ratio with the rollouter's counters, and the
+        wall-clock spans during which something generated (for the timeline): one call per sync."""
+        queue_size = await self.queue.size.remote()
         now = time.monotonic()
         idle_s = self.idle_s + (now - self.idle_since if self.idle_since is not None else 0.0)
         version_s = max(now - self.version_started_s, 1e-9)
@@ -229,7 +253,8 @@ class Rollouter:
         self.resumed.set()
         async with self.settled:
             self.settled.notify_all()
-        return metrics
+        spans, self.busy_spans = self.busy_spans, []
+        return {**metrics, **await self.stats()}, spans
 
     async def cursor(self) -> dict[str, int]:
         return self.sampler.state_dict()
@@ -240,11 +265,6 @@ class Rollouter:
             raise RuntimeError("rollouter snapshot taken while generating; pause first")
         return {"sampler": self.sampler.state_dict(), "parked": list(self.in_flight.values()),
                 "next_serial": self.next_serial}
-
-    async def take_busy_spans(self) -> list[tuple[float, float]]:
-        """Wall-clock spans during which something generated, since the last call (for the timeline)."""
-        spans, self.busy_spans = self.busy_spans, []
-        return spans
 
     async def stats(self) -> dict[str, float]:
         return {"fully_async/rollouter/in_flight": float(len(self.in_flight)),

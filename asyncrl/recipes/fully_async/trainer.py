@@ -26,7 +26,7 @@ import ray
 
 from asyncrl.core.records import Sample
 from asyncrl.core.replica_rollout import ReplicaRollout
-from asyncrl.distributed.remote import RemoteCallError, wait_for
+from asyncrl.distributed.remote import RemoteCallError, wait_for, wait_for_all
 from asyncrl.recipes.fully_async.metrics import sample_version_metrics
 from asyncrl.recipes.fully_async.queue import SampleQueueActor
 from asyncrl.recipes.fully_async.rollouter import RolloutActor
@@ -163,13 +163,12 @@ class FullyAsyncRecipe:
         if save_freq > 0 and version % save_freq == 0:
             self.save_checkpoint()
         self.core.sync_weights(metrics)
-        queue_size = wait_for(self.queue.size.remote(), "fully_async/queue", "size", self.timeout_s)
-        metrics.update(wait_for(self.rollouter.resume.remote(self.core.version, queue_size),
-                                "fully_async/rollouter", "resume", self.timeout_s))
-        metrics.update(wait_for(self.queue.stats.remote(), "fully_async/queue", "stats", self.timeout_s))
-        metrics.update(wait_for(self.rollouter.stats.remote(), "fully_async/rollouter", "stats", self.timeout_s))
-        for start_s, end_s in wait_for(self.rollouter.take_busy_spans.remote(), "fully_async/rollouter",
-                                       "take_busy_spans", self.timeout_s):
+        (rollouter_metrics, busy_spans), queue_stats = wait_for_all(
+            [self.rollouter.resume.remote(self.core.version), self.queue.stats.remote()],
+            ["fully_async/rollouter", "fully_async/queue"], "resume", self.timeout_s)
+        metrics.update(rollouter_metrics)
+        metrics.update(queue_stats)
+        for start_s, end_s in busy_spans:
             self.runtime.timeline.add_span("rollouter", "generate", start_s, end_s)
 
     def maybe_checkpoint(self) -> None:
