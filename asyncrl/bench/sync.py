@@ -63,14 +63,21 @@ def run_side(rank: int, folder: str, device_type: str, bucket_mb: int, repeats: 
         copies = [(name, parameter.detach().clone()) for name, parameter in engine.runner.model.named_parameters()]
     group = create_group("127.0.0.1", ports[1], rank, 2, device, timeout_s=300)
     raw = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device)
+    # Made once per weight group, as the trainer and the replicas do (the copy views are computed once).
+    sender = WeightSender(group, plan, device) if rank == 0 else None
+    receiver = WeightReceiver(group, plan, device) if rank == 1 else None
+
+    def sync(version: int) -> None:
+        if rank == 0:
+            sender.send(worker.iter_sync_tensors(), persistent=worker.sync_tensors_persist)
+        else:
+            engine.update_weights_in_place(receiver.receive_into, version)
+
     timings = {"sync": [], "raw": []}
     for _ in range(repeats + 1):  # the first round warms up
         synchronize(device)
         started = time.perf_counter()
-        if rank == 0:
-            WeightSender(group, plan, device).send(worker.iter_sync_tensors())
-        else:
-            engine.update_weights(WeightReceiver(group, plan, device).receive(), version=1)
+        sync(1)
         synchronize(device)
         timings["sync"].append(time.perf_counter() - started)
         started = time.perf_counter()
@@ -96,12 +103,12 @@ def run_side(rank: int, folder: str, device_type: str, bucket_mb: int, repeats: 
         with torch.no_grad():
             for parameter in worker.actor.model.parameters():
                 local_shard(parameter).add_(torch.randn_like(local_shard(parameter)), alpha=1e-2)
-        WeightSender(group, plan, device).send(worker.iter_sync_tensors())
+        sync(2)
         digests = {name: digest(tensor.to(engine_dtype)) for name, tensor in worker.iter_policy_tensors()}
         queue.put({"gather_s": min(parts[1:]), "trainer_digests": digests})
     if rank == 1:
         sync_s, raw_s = min(timings["sync"][1:]), min(timings["raw"][1:])
-        engine.update_weights(WeightReceiver(group, plan, device).receive(), version=2)
+        sync(2)
         digests = {name: digest(parameter) for name, parameter in engine.runner.model.named_parameters()}
         queue.put({"engine_digests": digests, "load_s": min(parts[1:]), "bytes": plan.total_bytes,
                    "sync_s": sync_s, "raw_s": raw_s,
@@ -109,7 +116,7 @@ def run_side(rank: int, folder: str, device_type: str, bucket_mb: int, repeats: 
                    "fraction_of_raw": raw_s / sync_s, "buckets": plan.num_buckets})
 
 
-def run_sync_benchmark(model: str, device: str = "cuda", bucket_mb: int = 256, repeats: int = 3) -> dict:
+def run_sync_benchmark(model: str, device: str = "cuda", bucket_mb: int = 256, repeats: int = 5) -> dict:
     folder = write_random_model(model, Path(tempfile.mkdtemp()) / model)
     context = mp.get_context("spawn")
     queue = context.Queue()
@@ -131,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--bucket-mb", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--output", default=None, help="append results as JSON lines")
     options = parser.parse_args(argv)
     print(f"{'model':16s} {'MB':>8s} {'sync s':>8s} {'GB/s':>7s} {'raw s':>8s} {'raw GB/s':>9s} {'of raw':>7s} "

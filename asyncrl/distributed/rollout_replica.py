@@ -70,7 +70,7 @@ class RolloutReplica:
             raise RuntimeError(f"rollout/replica{self.index}: receive_weights before join_weight_group")
         await self.engine.pause()
         try:
-            return await self.engine.update_weights(self.receiver.receive(), version)
+            return await self.engine.update_weights_in_place(self.receiver.receive_into, version)
         finally:
             await self.engine.resume()
 

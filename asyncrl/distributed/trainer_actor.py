@@ -95,7 +95,7 @@ class TrainerRank:
             for _ in tensors:
                 pass
             return 0
-        return self.sender.send(tensors)
+        return self.sender.send(tensors, persistent=self.worker.sync_tensors_persist)
 
     # ---- colocated engine ---------------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest]) -> tuple[list[GenerationResult], float]:

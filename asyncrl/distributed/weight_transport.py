@@ -10,9 +10,15 @@ larger than a bucket spans several). Two buckets alternate, so packing bucket k+
 tensors from FSDP shards) overlaps the broadcast of bucket k, and on the receiving side copying bucket k
 into the engine overlaps receiving k+1. Memory on either side is two buckets, never a model copy.
 
+Host work per tensor, not the link, limits a sync of a small model (hundreds of tensors, a few ms of
+transfer). So when the tensors on a side persist between syncs (a one-rank trainer's weights, an engine's
+parameters), the views each bucket copies from and to are computed once and every bucket is packed or
+unpacked by one `torch._foreach_copy_`; they are recomputed only when a tensor's storage moved.
+
     plan = TransferPlan.build([(name, shape), ...], dtype=torch.bfloat16, bucket_bytes=256 << 20)
-    sender = WeightSender(group, plan, device); sender.send(named_full_tensors)
+    sender = WeightSender(group, plan, device); sender.send(named_full_tensors, persistent=False)
     receiver = WeightReceiver(group, plan, device); engine.update_weights(receiver.receive(), version)
+    receiver.receive_into(dict(engine_model.named_parameters()))        # in place, views computed once
 """
 
 from __future__ import annotations
@@ -112,36 +118,90 @@ def broadcast(group: dist.ProcessGroup, buffer: Tensor) -> dist.Work:
     return group.broadcast([buffer], options)
 
 
+class CopyLists:
+    """Per bucket, the destination and source views one `_foreach_copy_` copies, valid while the tensors'
+    storages stay where they were when the lists were made (`key`)."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, ...] = ()
+        self.destinations: list[list[Tensor]] = []
+        self.sources: list[list[Tensor]] = []
+
+    def current(self, tensors: list[Tensor], build) -> "CopyLists":
+        key = tuple(tensor.data_ptr() for tensor in tensors)
+        if key != self.key:
+            self.destinations, self.sources = build()
+            self.key = key
+        return self
+
+
+def bucket_view(buffer: Tensor, piece: Piece, dtype: torch.dtype) -> Tensor:
+    return buffer[piece.offset:piece.offset + piece.stop - piece.start].view(dtype)
+
+
 class WeightSender:
     def __init__(self, group: dist.ProcessGroup, plan: TransferPlan, device: torch.device):
         self.group = group
         self.plan = plan
         self.buffers = bucket_buffers(plan, device)
         self.itemsize = torch.empty((), dtype=plan.dtype).element_size()
+        self.copies = CopyLists()
 
-    def send(self, named_tensors: Iterable[tuple[str, Tensor]]) -> int:
-        """Broadcast tensors given in plan order; returns the bytes sent."""
+    def send(self, named_tensors: Iterable[tuple[str, Tensor]], persistent: bool) -> int:
+        """Broadcast tensors given in plan order; returns the bytes sent. `persistent`: the tensors outlive
+        the call and are updated in place between syncs (then each bucket is packed by one foreach copy
+        through views made once); otherwise each is valid only until the next is asked for."""
+        if persistent:
+            return self.send_persistent(list(named_tensors))
         tensors = iter(named_tensors)
         current: dict[str, Tensor] = {}
+
+        def pack(index: int, pieces: list[Piece]) -> None:
+            nonlocal current
+            for piece in pieces:
+                if piece.name not in current:
+                    current = {piece.name: self.next_tensor(tensors, piece.name)}
+                # One kernel per piece: the cast to the transfer dtype happens in the copy into the bucket.
+                bucket_view(self.buffers[index % 2], piece, self.plan.dtype).copy_(self.source(current[piece.name], piece))
+
+        return self.broadcast_buckets(pack)
+
+    def send_persistent(self, named_tensors: list[tuple[str, Tensor]]) -> int:
+        names = [name for name, _ in named_tensors]
+        if names != list(self.plan.names):
+            raise RuntimeError(f"weight sync: the trainer's tensors {names[:3]}... do not follow the plan "
+                               f"{list(self.plan.names[:3])}...")
+        tensors = dict(named_tensors)
+
+        def build() -> tuple[list[list[Tensor]], list[list[Tensor]]]:
+            flat = {name: tensor.detach().reshape(-1) for name, tensor in tensors.items()}
+            buckets = self.plan.pieces_by_bucket()
+            return ([[bucket_view(self.buffers[index % 2], piece, self.plan.dtype) for piece in pieces]
+                     for index, pieces in enumerate(buckets)],
+                    [[self.source(flat[piece.name], piece) for piece in pieces] for pieces in buckets])
+
+        copies = self.copies.current(list(tensors.values()), build)
+        # One foreach per bucket (it casts to the transfer dtype on the way).
+        return self.broadcast_buckets(lambda index, _: torch._foreach_copy_(copies.destinations[index],
+                                                                             copies.sources[index]))
+
+    def broadcast_buckets(self, pack) -> int:
+        """Pack bucket k into its buffer (`pack(k, pieces)`) while bucket k-1 is on the wire."""
         pending: list[dist.Work | None] = [None, None]
         sizes = self.plan.bucket_sizes
         for index, pieces in enumerate(self.plan.pieces_by_bucket()):
             slot = index % 2
             if pending[slot] is not None:
                 pending[slot].wait()  # this buffer's previous broadcast must be done before reuse
-            buffer = self.buffers[slot]
-            for piece in pieces:
-                if piece.name not in current:
-                    current = {piece.name: self.next_tensor(tensors, piece.name)}
-                # One kernel per piece: the cast to the transfer dtype happens in the copy into the bucket.
-                first, last = piece.start // self.itemsize, piece.stop // self.itemsize
-                target = buffer[piece.offset:piece.offset + piece.stop - piece.start].view(self.plan.dtype)
-                target.copy_(current[piece.name][first:last])
-            pending[slot] = broadcast(self.group, buffer[:sizes[index]])
+            pack(index, pieces)
+            pending[slot] = broadcast(self.group, self.buffers[slot][:sizes[index]])
         for work in pending:
             if work is not None:
                 work.wait()
         return self.plan.total_bytes
+
+    def source(self, flat: Tensor, piece: Piece) -> Tensor:
+        return flat[piece.start // self.itemsize:piece.stop // self.itemsize]
 
     def next_tensor(self, tensors: Iterator[tuple[str, Tensor]], expected: str) -> Tensor:
         name, tensor = next(tensors)
@@ -157,34 +217,64 @@ class WeightReceiver:
         self.buffers = bucket_buffers(plan, device)
         self.shapes = dict(zip(plan.names, plan.shapes))
         self.itemsize = torch.empty((), dtype=plan.dtype).element_size()
+        self.copies = CopyLists()
+
+    def receive_into(self, targets: dict[str, Tensor]) -> int:
+        """Receive every tensor straight into `targets` (the engine's parameters, by name: contiguous, in the
+        plan's dtype, updated only here), one foreach byte copy per bucket; returns how many tensors."""
+        missing = [name for name in self.plan.names if name not in targets]
+        if missing:
+            raise ValueError(f"weight sync: the engine has no tensor {missing[0]} (and {len(missing) - 1} more)")
+
+        def build() -> tuple[list[list[Tensor]], list[list[Tensor]]]:
+            for name, shape in zip(self.plan.names, self.plan.shapes):
+                target = targets[name]
+                if tuple(target.shape) != shape or target.dtype != self.plan.dtype or not target.is_contiguous():
+                    raise ValueError(f"weight sync: engine tensor {name} is {list(target.shape)} {target.dtype}, "
+                                     f"the trainer sends {list(shape)} {self.plan.dtype}")
+            flat = {name: targets[name].view(-1).view(torch.uint8) for name in self.plan.names}
+            buckets = self.plan.pieces_by_bucket()
+            return ([[flat[piece.name][piece.start:piece.stop] for piece in pieces] for pieces in buckets],
+                    [[bucket_view(self.buffers[index % 2], piece, torch.uint8) for piece in pieces]
+                     for index, pieces in enumerate(buckets)])
+
+        copies = self.copies.current([targets[name] for name in self.plan.names], build)
+        for index in self.arrived_buckets():
+            torch._foreach_copy_(copies.destinations[index], copies.sources[index])
+        return len(self.plan.names)
+
+    def arrived_buckets(self) -> Iterator[int]:
+        """Bucket indices, each once its bytes are in its buffer; bucket k+1 is already on the wire while the
+        caller unpacks bucket k, which it must finish before asking for the next."""
+        sizes = self.plan.bucket_sizes
+        works: list[dist.Work | None] = [None, None]
+        if self.plan.num_buckets:
+            works[0] = broadcast(self.group, self.buffers[0][:sizes[0]])
+        for index in range(self.plan.num_buckets):
+            slot = index % 2
+            works[slot].wait()
+            # Start the next bucket only now: its buffer is the one unpacked last iteration.
+            if index + 1 < self.plan.num_buckets:
+                works[1 - slot] = broadcast(self.group, self.buffers[1 - slot][:sizes[index + 1]])
+            yield index
 
     def receive(self) -> Iterator[tuple[str, Tensor]]:
         """(name, tensor) pairs, each as soon as its last piece arrived. Bucket k+1 is already in flight
         while the caller consumes bucket k's tensors."""
         buckets = self.plan.pieces_by_bucket()
-        sizes = self.plan.bucket_sizes
-        works: list[dist.Work | None] = [None, None]
-        if buckets:
-            works[0] = broadcast(self.group, self.buffers[0][:sizes[0]])
         partial: dict[str, Tensor] = {}
-        for index, pieces in enumerate(buckets):
-            slot = index % 2
-            works[slot].wait()
-            # Start the next bucket only now: its buffer is the one consumed (copied out) last iteration.
-            if index + 1 < len(buckets):
-                works[1 - slot] = broadcast(self.group, self.buffers[1 - slot][:sizes[index + 1]])
-            buffer = self.buffers[slot]
-            for piece in pieces:
+        for index in self.arrived_buckets():
+            buffer = self.buffers[index % 2]
+            for piece in buckets[index]:
                 numel = int(torch.Size(self.shapes[piece.name]).numel())
                 if piece.start == 0 and piece.stop == numel * self.itemsize:
                     # Whole tensor in this bucket: hand out a view; the caller copies it before the buffer
                     # is reused two buckets later.
-                    view = buffer[piece.offset:piece.offset + piece.stop].view(self.plan.dtype)
-                    yield piece.name, view.view(self.shapes[piece.name])
+                    yield piece.name, bucket_view(buffer, piece, self.plan.dtype).view(self.shapes[piece.name])
                     continue
                 if piece.name not in partial:
                     partial[piece.name] = torch.empty(numel, dtype=self.plan.dtype, device=buffer.device)
                 target = partial[piece.name].view(torch.uint8)
-                target[piece.start:piece.stop].copy_(buffer[piece.offset:piece.offset + piece.stop - piece.start])
+                target[piece.start:piece.stop].copy_(bucket_view(buffer, piece, torch.uint8))
                 if piece.stop == target.numel():
                     yield piece.name, partial.pop(piece.name).view(self.shapes[piece.name])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 from torch import Tensor
 
@@ -91,6 +91,11 @@ class AsyncEngine:
         `LLMEngine.update_weights`."""
         async with self._lock:
             return await asyncio.to_thread(self.engine.update_weights, named_tensors, version)
+
+    async def update_weights_in_place(self, load: Callable[[dict[str, Tensor]], int], version: int) -> int:
+        """`LLMEngine.update_weights_in_place` between two steps."""
+        async with self._lock:
+            return await asyncio.to_thread(self.engine.update_weights_in_place, load, version)
 
     async def sleep(self) -> None:
         """Releases the KV cache between two steps; in-flight requests wait and are recomputed after wake."""

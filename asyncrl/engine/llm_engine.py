@@ -11,12 +11,14 @@ Not thread-safe: one caller at a time (`AsyncEngine` serialises access for async
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from asyncrl.engine.block_manager import BlockManager, num_blocks_for
@@ -162,6 +164,20 @@ class LLMEngine:
         num_copied = load_named_tensors(self.runner.model, named_tensors)
         self._version = int(version)
         return num_copied
+
+    def update_weights_in_place(self, load: Callable[[dict[str, Tensor]], int], version: int) -> int:
+        """Runs `load(parameters)`, which writes the weights in place through the given name -> parameter map
+        (a weight receiver copying straight from its buckets), and stamps later tokens with `version`. Call
+        between steps. Returns what `load` returns (how many tensors it wrote)."""
+        with torch.no_grad():
+            num_copied = load(self.parameters)
+        self._version = int(version)
+        return num_copied
+
+    @functools.cached_property
+    def parameters(self) -> dict[str, Tensor]:
+        """The model's parameters by HF name (they keep their storage for the engine's lifetime)."""
+        return dict(self.runner.model.named_parameters())
 
     def sleep(self) -> None:
         """Frees the KV cache for a colocated trainer. Running requests go back to waiting with their tokens

@@ -14,13 +14,14 @@ from asyncrl.recipes.one_step_off import OneStepOffRecipe
 from asyncrl.recipes.sync import SyncRecipe
 
 RECIPES = {"sync": SyncRecipe, "one_step_off": OneStepOffRecipe, "fully_async": FullyAsyncRecipe}
+MODE_ACTORS = {"fully_async": FullyAsyncRecipe.launch_actors}   # started with the runtime, not after it
 
 
 def train(config: AsyncRLConfig) -> dict[str, Any]:
     if config.trainer.mode not in RECIPES:
         raise NotImplementedError(f"trainer.mode={config.trainer.mode} is not available yet; available: "
                                   f"{sorted(RECIPES)}")
-    runtime = build_runtime(config)
+    runtime = build_runtime(config, MODE_ACTORS.get(config.trainer.mode))
     try:
         return RECIPES[config.trainer.mode](runtime).fit()
     finally:

@@ -17,7 +17,7 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import ray
 import torch
@@ -56,11 +56,14 @@ class Runtime:
     core: PPOCore
     tracker: Tracker
     timeline: Timeline
+    mode_actors: dict[str, Any]     # the mode's own actors (fully async: the queue and the rollouter)
 
     def close(self) -> None:
         self.tracker.close()
         self.timeline.save(self.output_dir / "timeline.json")
         self.reward.close()
+        for actor in self.mode_actors.values():
+            ray.kill(actor)
         self.rollout.close()
         for actor in self.trainers.actors:
             ray.kill(actor)
@@ -194,7 +197,13 @@ def resume_step(config: AsyncRLConfig, output_dir: Path) -> Optional[int]:
     return CheckpointManager.read_driver_state(folder)["step"] + 1
 
 
-def build_runtime(config: AsyncRLConfig) -> Runtime:
+# Starts a mode's own actors from the config and the rollout replicas, without waiting for them.
+LaunchModeActors = Callable[[AsyncRLConfig, list[Any]], dict[str, Any]]
+
+
+def build_runtime(config: AsyncRLConfig, launch_mode_actors: Optional[LaunchModeActors] = None) -> Runtime:
+    """Every actor of the run, started concurrently (replicas and the mode's actors load while the trainers
+    start), then joined."""
     tokenizer, train_data, val_data = load_inputs(config)
     reward = RewardExecutor(config.reward.custom_function, config.reward.timeout_s, config.reward.num_workers)
     output_dir = Path(config.trainer.output_dir)
@@ -206,13 +215,14 @@ def build_runtime(config: AsyncRLConfig) -> Runtime:
                                            for name, where in pools.placement().items()))
     colocated = num_rollout_replicas(config) == 0
     replicas = [] if colocated else launch_replicas(config, pools)
+    mode_actors = launch_mode_actors(config, replicas) if launch_mode_actors is not None else {}
     trainers: Optional[TrainerGroup] = None
     try:
         trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)), host_engine=colocated)
         rollout = ColocatedRollout(trainers) if colocated else connect_replicas(config, pools, replicas, trainers)
     except BaseException:
         # A failed start leaves nothing behind in a shared Ray cluster: actors, devices and scoring processes.
-        for actor in replicas + (trainers.actors if trainers is not None else []):
+        for actor in [*mode_actors.values(), *replicas, *(trainers.actors if trainers is not None else [])]:
             ray.kill(actor)
         pools.release()
         reward.close()
@@ -222,4 +232,4 @@ def build_runtime(config: AsyncRLConfig) -> Runtime:
     timeline = Timeline()
     core = PPOCore(config, trainers, rollout, reward, tokenizer, tracker, timeline)
     return Runtime(config, output_dir, tokenizer, train_data, val_data, reward, pools, trainers, rollout, core,
-                   tracker, timeline)
+                   tracker, timeline, mode_actors)

@@ -57,6 +57,12 @@ def iter_full_tensors(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
         yield name, full_tensor(parameter.detach())
 
 
+def is_unsharded(model: nn.Module) -> bool:
+    """Whether every parameter is whole on this rank (no FSDP, or FSDP over one rank)."""
+    return not isinstance(model, FSDPModule) or all(
+        not isinstance(parameter, DTensor) or parameter.device_mesh.size() == 1 for parameter in model.parameters())
+
+
 def iter_unit_tensors(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """(HF name, full tensor) per parameter, in `named_parameters` order, gathered a whole FSDP unit at a
     time, in mixed precision's compute dtype (the master dtype without it). Collective, like
@@ -64,8 +70,7 @@ def iter_unit_tensors(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     per-call overhead dominates a weight sync). A tensor is valid until the iteration moves to the next
     unit: consume (copy) it before asking for the next. On a single rank the shards are whole: they are
     handed out as they are (master dtype), with no gather at all."""
-    if not isinstance(model, FSDPModule) or all(not isinstance(parameter, DTensor) or parameter.device_mesh.size() == 1
-                                                for parameter in model.parameters()):
+    if is_unsharded(model):
         yield from ((name, local_shard(parameter).detach()) for name, parameter in model.named_parameters())
         return
     units = [(prefix + ".", module) for prefix, module in model.named_modules()

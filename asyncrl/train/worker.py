@@ -26,7 +26,7 @@ from asyncrl.train.checkpoint import Component, load_trainer_state, save_trainer
 from asyncrl.train.critic import CriticTrainer
 from asyncrl.train.forward import batched_log_probs
 from asyncrl.train.optim import build_optimizer, build_scheduler
-from asyncrl.train.parallel import init_process_group, iter_full_tensors, iter_unit_tensors, rank, shard_model
+from asyncrl.train.parallel import init_process_group, iter_full_tensors, iter_unit_tensors, is_unsharded, rank, shard_model
 from asyncrl.train.update_spec import CriticUpdateSpec, PolicyUpdateSpec
 
 
@@ -123,8 +123,15 @@ class TrainerWorker:
 
     def iter_sync_tensors(self) -> Iterator[tuple[str, Tensor]]:
         """The policy for a weight sync: like `iter_policy_tensors`, gathered an FSDP unit at a time (none on
-        one rank); each tensor is valid until the next is asked for, and the receiver casts it."""
+        one rank); each tensor is valid until the next is asked for (unless `sync_tensors_persist`), and
+        the receiver casts it."""
         return iter_unit_tensors(self.actor.model)
+
+    @property
+    def sync_tensors_persist(self) -> bool:
+        """On one rank the sync tensors are the weights themselves: they outlive a sync and the optimizer
+        updates them in place."""
+        return is_unsharded(self.actor.model)
 
     def policy_state_numpy(self) -> dict[str, Any]:
         """Full policy weights as numpy (rank 0's view; tests compare them bitwise with engines)."""

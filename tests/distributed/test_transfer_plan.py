@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 
+import pytest
 import torch
 
 from asyncrl.distributed.weight_transport import ALIGNMENT, TransferPlan, WeightReceiver, WeightSender, create_group
@@ -43,30 +44,56 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_broadcast_through_small_buckets_delivers_every_tensor_bitwise():
+@pytest.mark.parametrize("persistent", [False, True], ids=["streamed", "persistent"])
+def test_broadcast_through_small_buckets_delivers_every_tensor_bitwise_sync_after_sync(persistent):
+    """Three syncs over one group, the source updated in place between them (as an optimizer does): the
+    generic path (tensors yielded one by one, received as pairs) and the fast path (views made once, one
+    foreach copy per bucket on both sides, straight into the receiver's tensors) both deliver each state."""
     plan = TransferPlan.build(SHAPES, torch.bfloat16, bucket_bytes=512)
     generator = torch.Generator().manual_seed(0)
     source = {name: torch.randn(shape, generator=generator) for name, shape in SHAPES}  # fp32: cast on the way
+    targets = {name: torch.zeros(shape, dtype=torch.bfloat16) for name, shape in SHAPES}
     port = free_port()
-    received: dict[str, torch.Tensor] = {}
+    received: list[dict[str, torch.Tensor]] = []
     errors: list[BaseException] = []
 
     def receive() -> None:
         try:
             group = create_group("127.0.0.1", port, 1, 2, torch.device("cpu"), 30)
-            for name, tensor in WeightReceiver(group, plan, torch.device("cpu")).receive():
-                received[name] = tensor.clone()  # a whole-tensor view is only valid until the buffer is reused
+            receiver = WeightReceiver(group, plan, torch.device("cpu"))
+            for _ in range(3):
+                if persistent:
+                    assert receiver.receive_into(targets) == len(SHAPES)
+                    received.append({name: tensor.clone() for name, tensor in targets.items()})
+                else:  # a whole-tensor view is only valid until its buffer is reused: copy
+                    received.append({name: tensor.clone() for name, tensor in receiver.receive()})
         except BaseException as error:  # noqa: BLE001 - reported by the main thread
             errors.append(error)
 
     thread = threading.Thread(target=receive)
     thread.start()
     group = create_group("127.0.0.1", port, 0, 2, torch.device("cpu"), 30)
-    sent = WeightSender(group, plan, torch.device("cpu")).send(iter(source.items()))
+    sender = WeightSender(group, plan, torch.device("cpu"))
+    expected = []
+    for round_ in range(3):
+        expected.append({name: tensor.to(torch.bfloat16) for name, tensor in source.items()})
+        assert sender.send(iter(source.items()), persistent=persistent) == plan.total_bytes
+        for tensor in source.values():
+            tensor.add_(1.0 + round_)  # in place: the persistent path's views stay valid
     thread.join(60)
     assert not errors and not thread.is_alive()
-    assert sent == plan.total_bytes
-    assert list(received) == [name for name, _ in SHAPES]
-    for name, tensor in source.items():
-        assert received[name].dtype == torch.bfloat16
-        assert torch.equal(received[name], tensor.to(torch.bfloat16))
+    assert len(received) == 3
+    for got, want in zip(received, expected):
+        assert list(got) == [name for name, _ in SHAPES]
+        for name in want:
+            assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], want[name])
+    assert not torch.equal(received[0]["big"], received[2]["big"])
+
+
+def test_receiving_into_an_engine_without_a_tensor_names_it():
+    plan = TransferPlan.build(SHAPES, torch.bfloat16, bucket_bytes=512)
+    group = create_group("127.0.0.1", free_port(), 0, 1, torch.device("cpu"), 30)  # checked before any transfer
+    receiver = WeightReceiver(group, plan, torch.device("cpu"))
+    with pytest.raises(ValueError, match="no tensor bias"):
+        receiver.receive_into({name: torch.zeros(shape, dtype=torch.bfloat16) for name, shape in SHAPES
+                               if name != "bias"})

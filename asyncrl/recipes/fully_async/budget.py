@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from asyncrl.config import AsyncRLConfig
+
 
 @dataclass
 class StalenessBudget:
@@ -21,6 +23,12 @@ class StalenessBudget:
     steps_per_sync: int            # K
     staleness_threshold: float     # s
     charged: int = 0               # prompts charged to the current version
+
+    @classmethod
+    def from_config(cls, config: AsyncRLConfig) -> "StalenessBudget":
+        asynchronous = config.async_training
+        return cls(config.actor.ppo_mini_batch_size * asynchronous.require_batches,
+                   asynchronous.trigger_parameter_sync_step, asynchronous.staleness_threshold)
 
     @property
     def max_per_version(self) -> int:

@@ -53,25 +53,24 @@ class Group:
 
 
 class Rollouter:
-    def __init__(self, config: AsyncRLConfig, replicas: list[Any], queue: Any, version: int, state: dict[str, Any]):
+    def __init__(self, config: AsyncRLConfig, replicas: list[Any], queue: Any):
         self.config = config
         self.replicas = replicas
         self.queue = queue
-        self.version = version
+        self.version = 0
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.path)
         self.dataset = PromptDataset.from_files(config.data.train_files, self.tokenizer, config.data)
         self.sampler = PromptSampler(len(self.dataset), config.data.shuffle, config.data.seed,
                                      config.trainer.total_epochs)
         self.reward = RewardExecutor(config.reward.custom_function, config.reward.timeout_s, config.reward.num_workers)
         asynchronous = config.async_training
-        self.budget = StalenessBudget(config.actor.ppo_mini_batch_size * asynchronous.require_batches,
-                                      asynchronous.trigger_parameter_sync_step, asynchronous.staleness_threshold)
+        self.budget = StalenessBudget.from_config(config)
         self.max_in_flight = asynchronous.max_concurrent_samples or min(16 * len(replicas), self.budget.max_per_version)
         self.params = SamplingParams.from_rollout(config.rollout, config.data.max_response_length)
         self.lengths = LengthDistribution.parse(config.rollout.length_distribution) \
             if config.rollout.length_distribution else None
         self.in_flight: dict[int, Group] = {}      # admitted, generating (or parked after an abort)
-        self.unqueued: dict[int, Group] = {}       # scored, on the way to the queue
+        self.unqueued: dict[int, Group] = {}       # generated, being scored and put on the queue
         self.restored: list[Group] = []
         self.replica_load = [0] * len(replicas)
         self.is_healthy = [True] * len(replicas)
@@ -87,14 +86,18 @@ class Rollouter:
         self.idle_s, self.version_started_s, self.idle_since = 0.0, time.monotonic(), time.monotonic()
         self.busy_since_wall = time.time()
         self.busy_spans: list[tuple[float, float]] = []   # wall-clock spans with generation running
+
+    # ---- the feed -----------------------------------------------------------------------------------
+    async def run(self, version: int, state: dict[str, Any]) -> dict[str, float]:
+        """From `state` (the data cursor, parked groups and the number of queued groups of a checkpoint, or
+        the driver's cursor on a fresh run): admit prompts until the data is used up, let every group
+        finish, then end the stream."""
+        self.version = version
         self.sampler.load_state_dict(state["sampler"])
         self.restored = list(state["parked"])
         self.next_serial = state["next_serial"]
         self.budget.charged = len(self.restored) + state["queued"]
-
-    # ---- the feed -----------------------------------------------------------------------------------
-    async def run(self) -> dict[str, float]:
-        """Admit prompts until the data is used up, let every group finish, then end the stream."""
+        self.idle_s, self.version_started_s, self.idle_since = 0.0, time.monotonic(), time.monotonic()
         tasks = [asyncio.create_task(self.run_group(group)) for group in self.restored]
         while True:
             await self.wait_for_admission()

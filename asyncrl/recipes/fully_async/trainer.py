@@ -24,9 +24,11 @@ from typing import Any, Optional
 
 import ray
 
+from asyncrl.config import AsyncRLConfig
 from asyncrl.core.records import Sample
 from asyncrl.core.replica_rollout import ReplicaRollout
 from asyncrl.distributed.remote import RemoteCallError, wait_for, wait_for_all
+from asyncrl.recipes.fully_async.budget import StalenessBudget
 from asyncrl.recipes.fully_async.metrics import sample_version_metrics
 from asyncrl.recipes.fully_async.queue import SampleQueueActor
 from asyncrl.recipes.fully_async.rollouter import RolloutActor
@@ -60,8 +62,8 @@ class FullyAsyncRecipe:
         self.carried_metrics: dict[str, float] = {}   # of a sync done between steps, logged with the next
         self.stale_samples = 0
         self.trained_prompt_keys: set[str] = set()
-        self.queue: Any = None
-        self.rollouter: Any = None
+        self.queue = runtime.mode_actors["queue"]
+        self.rollouter = runtime.mode_actors["rollouter"]
         self.rollouter_run: Any = None
 
     def total_steps(self) -> int:
@@ -70,22 +72,24 @@ class FullyAsyncRecipe:
         return min(steps, self.config.trainer.total_steps) if self.config.trainer.total_steps > 0 else steps
 
     # ---- StepRecipe -----------------------------------------------------------------------------------
+    @staticmethod
+    def launch_actors(config: AsyncRLConfig, replicas: list[Any]) -> dict[str, Any]:
+        """The queue and the rollouter, started while the trainers start (a rollouter takes seconds to import
+        and load its data); they wait for `begin`."""
+        queue = SampleQueueActor.options(num_cpus=0).remote(capacity=StalenessBudget.from_config(config).max_per_version)
+        rollouter = RolloutActor.options(num_cpus=0.05).remote(config, replicas, queue)
+        return {"queue": queue, "rollouter": rollouter}
+
     def begin(self) -> None:
-        """Start the queue and the rollouter (restoring their checkpointed contents), then stream."""
+        """Restore the queue's and the rollouter's checkpointed contents, then stream."""
         saved = self.load_saved_state()
-        self.queue = SampleQueueActor.options(num_cpus=0).remote(capacity=self.budget_per_version())
         queued = saved["queue"] if saved else []
         if queued:
             wait_for(self.queue.restore.remote(queued), "fully_async/queue", "restore", self.timeout_s)
         # Without a saved rollouter state (fresh run, or a checkpoint written at the end) the cursor is the driver's.
         rollouter_state = {**saved["rollouter"], "queued": len(queued)} if saved else \
             {"sampler": self.state.sampler.state_dict(), "parked": [], "next_serial": 0, "queued": 0}
-        self.rollouter = RolloutActor.options(num_cpus=0.05).remote(
-            self.config, self.runtime.rollout.replicas, self.queue, self.core.version, rollouter_state)
-        self.rollouter_run = self.rollouter.run.remote()
-
-    def budget_per_version(self) -> int:
-        return int(self.prompts_per_step * (1 + self.config.async_training.staleness_threshold) * self.steps_per_sync)
+        self.rollouter_run = self.rollouter.run.remote(self.core.version, rollouter_state)
 
     def has_next(self) -> bool:
         """Sync first when a cycle of K local steps ended (the sync belongs between steps, so a checkpoint
@@ -185,12 +189,7 @@ class FullyAsyncRecipe:
         self.save_checkpoint()
 
     def fit(self) -> dict[str, Any]:
-        try:
-            return self.state.run(self)
-        finally:
-            for handle in (self.rollouter, self.queue):
-                if handle is not None:
-                    ray.kill(handle)
+        return self.state.run(self)
 
     # ---- lossless checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
