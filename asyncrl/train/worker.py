@@ -12,6 +12,7 @@ All ranks of a run receive the same calls with their own shard of the batch.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -58,6 +59,7 @@ class TrainerWorker:
         self.reference: Optional[CausalLM] = self.build_reference() if needs_reference(config) else None
         self.critic: Optional[CriticTrainer] = self.build_critic(total_training_steps) if needs_critic(config) \
             else None
+        self.persistent_sync_tensors: Optional[list[tuple[str, Tensor]]] = None
 
     def build_actor(self, total_steps: int) -> PolicyTrainer:
         model = self.load(self.config.model.path, "causal_lm")
@@ -125,12 +127,17 @@ class TrainerWorker:
         """The policy for a weight sync: like `iter_policy_tensors`, gathered an FSDP unit at a time (none on
         one rank); each tensor is valid until the next is asked for (unless `sync_tensors_persist`), and
         the receiver casts it."""
-        return iter_unit_tensors(self.actor.model)
+        if not self.sync_tensors_persist:
+            return iter_unit_tensors(self.actor.model)
+        if self.persistent_sync_tensors is None:
+            # Listed once: asking FSDP for ~300 local shards costs milliseconds, a sync's whole budget.
+            self.persistent_sync_tensors = list(iter_unit_tensors(self.actor.model))
+        return iter(self.persistent_sync_tensors)
 
-    @property
+    @functools.cached_property
     def sync_tensors_persist(self) -> bool:
-        """On one rank the sync tensors are the weights themselves: they outlive a sync and the optimizer
-        updates them in place."""
+        """On one rank the sync tensors are the weights themselves: they outlive a sync, and the optimizer,
+        snapshot swaps and checkpoint loads all update them in place."""
         return is_unsharded(self.actor.model)
 
     def policy_state_numpy(self) -> dict[str, Any]:
@@ -163,4 +170,5 @@ class TrainerWorker:
 
     def load_checkpoint(self, folder: str | Path) -> None:
         extra = load_trainer_state(folder, self.components())
+        self.persistent_sync_tensors = None  # listed again, in case loading replaced a tensor
         self.actor.guard.num_skipped = extra["actor_skipped"]

@@ -29,14 +29,14 @@ from asyncrl.recipes.runtime import connect_replicas, launch_replicas, pool_spec
 from asyncrl.train import PolicyUpdateSpec
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory, ray_session):
+def start_setup(tmp_path_factory, trainer_ranks: int):
     root = tmp_path_factory.mktemp("sync")
     model = build_tiny_model(root / "model", family="qwen2", seed=1)
     paths = write_task(make_task("arithmetic"), root / "data", 16, 4, seed=0)
     config = load_config(None, [
         f"model.path={model}", f"data.train_files=[{paths['train']}]", "trainer.device=cpu",
-        "trainer.mode=one_step_off", "trainer.n_gpus_per_node=2", "rollout.n_gpus_per_node=2", "rollout.n=2",
+        "trainer.mode=one_step_off", f"trainer.n_gpus_per_node={trainer_ranks}", "rollout.n_gpus_per_node=2",
+        "rollout.n=2",
         "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "actor.optim.lr=1e-2",
         "data.max_response_length=6", "rollout.cpu_kv_cache_mb=8", "weight_sync.bucket_mb=1",
         "weight_sync.timeout_s=20", "ray.rpc_timeout_s=120"])
@@ -45,11 +45,22 @@ def setup(tmp_path_factory, ray_session):
     rollout = connect_replicas(config, pools, launch_replicas(config, pools), trainers)
     tokenizer = load_tokenizer(model)
     prompts = PromptDataset.from_files(config.data.train_files, tokenizer, config.data).prompts[:4]
-    yield config, trainers, rollout, prompts
+    return config, trainers, rollout, prompts, pools
+
+
+def stop_setup(trainers, rollout, pools) -> None:
     rollout.close()
     for actor in trainers.actors:
         ray.kill(actor)
     pools.release()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, ray_session):
+    """Two trainer ranks: tensors are gathered per FSDP unit and streamed into the buckets."""
+    config, trainers, rollout, prompts, pools = start_setup(tmp_path_factory, trainer_ranks=2)
+    yield config, trainers, rollout, prompts
+    stop_setup(trainers, rollout, pools)
 
 
 def train_one_step(config, trainers, rollout, prompts, salt):

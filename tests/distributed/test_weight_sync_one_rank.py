@@ -1,0 +1,27 @@
+"""Weight sync from a one-rank trainer: its weights persist between syncs, so the sender packs each bucket
+by one foreach copy through views made once, and each replica receives straight into its parameters.
+Training between syncs moves the weights in place; every sync must still deliver them bitwise."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asyncrl.core.requests import make_requests
+from asyncrl.engine import SamplingParams
+from tests.distributed.test_weight_sync import assert_engines_equal_trainer, start_setup, stop_setup, train_one_step
+
+
+def test_one_rank_trainer_syncs_bitwise_after_every_update(tmp_path_factory, ray_session):
+    config, trainers, rollout, prompts, pools = start_setup(tmp_path_factory, trainer_ranks=1)
+    try:
+        for version in (1, 2, 3):
+            before = trainers.policy_state()
+            train_one_step(config, trainers, rollout, prompts, f"one-rank{version}")
+            after = trainers.policy_state()
+            assert any(not np.array_equal(before[name], after[name]) for name in before)
+            rollout.sync_weights(version)
+            assert_engines_equal_trainer(trainers, rollout, version)
+        new = rollout.generate(make_requests(prompts, 2, SamplingParams(max_new_tokens=6), 0, "after"))
+        assert all(set(result.response_versions.tolist()) == {3} for result in new)
+    finally:
+        stop_setup(trainers, rollout, pools)
