@@ -11,9 +11,12 @@ from asyncrl.config.schema import OptimConfig
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
-    # foreach=False keeps the update numerically identical for sharded and whole parameters.
+    """On GPU one fused kernel updates every parameter (the per-parameter loop costs ~12 DTensor ops per
+    tensor of host time, hundreds of ms per step for a 0.5B model); on CPU the per-parameter loop keeps the
+    update numerically identical for sharded and whole parameters (the FSDP equivalence tests rely on it)."""
+    on_gpu = any(parameter.is_cuda for parameter in model.parameters())
     return torch.optim.AdamW(model.parameters(), lr=config.lr, betas=tuple(config.betas), eps=config.eps,
-                             weight_decay=config.weight_decay, foreach=False)
+                             weight_decay=config.weight_decay, **({"fused": True} if on_gpu else {"foreach": False}))
 
 
 def warmup_steps(config: OptimConfig, total_steps: int) -> int:
