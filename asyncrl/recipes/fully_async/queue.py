@@ -1,13 +1,15 @@
-"""The bounded queue between the rollouter and the trainer: a Ray asyncio actor of scored groups.
+"""The bounded queue between the rollouter and the trainer: scored groups, oldest first.
 
+It lives inside the rollouter actor (the trainer takes from it through the rollouter): a separate actor
+would cost a process, its imports, and one more serialisation of every sample on the way.
 `put` blocks while the queue is full (back-pressure: nothing is ever dropped), `get(count)` waits for up
 to `count` groups and returns fewer only once the stream has ended, `None` once it is empty and ended,
 and `[]` when its timeout passed first.
 End of stream is explicit (`close`), never a sentinel item mixed with the data.
 
-    queue = SampleQueueActor.options(num_cpus=0).remote(capacity=M)
-    await queue.put.remote(group)            # rollouter (put_many for several)
-    groups = ray.get(queue.get.remote(R))    # trainer; None at the end of the data
+    queue = SampleQueue(capacity=M)
+    await queue.put_many(groups)             # rollouter
+    groups = await queue.get(R, timeout_s)   # for the trainer; None at the end of the data
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import asyncio
 from collections import deque
 from typing import Any, Optional
 
-import ray
 
 
 class SampleQueue:
@@ -87,5 +88,3 @@ class SampleQueue:
         return {"fully_async/queue/size": float(len(self.items)), "fully_async/queue/num_put": float(self.num_put),
                 "fully_async/queue/num_got": float(self.num_got), "fully_async/queue/put_wait_s": self.put_wait_s}
 
-
-SampleQueueActor = ray.remote(SampleQueue)

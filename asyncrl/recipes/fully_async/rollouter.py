@@ -35,6 +35,7 @@ from asyncrl.data.sampler import PromptSampler
 from asyncrl.engine import GenerationRequest, GenerationResult, SamplingParams
 from asyncrl.models import load_tokenizer
 from asyncrl.recipes.fully_async.budget import StalenessBudget
+from asyncrl.recipes.fully_async.queue import SampleQueue
 from asyncrl.rewards import RewardExecutor
 
 
@@ -53,10 +54,9 @@ class Group:
 
 
 class Rollouter:
-    def __init__(self, config: AsyncRLConfig, replicas: list[Any], queue: Any):
+    def __init__(self, config: AsyncRLConfig, replicas: list[Any]):
         self.config = config
         self.replicas = replicas
-        self.queue = queue
         self.version = 0
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.path)
         self.dataset = PromptDataset.from_files(config.data.train_files, self.tokenizer, config.data)
@@ -65,6 +65,7 @@ class Rollouter:
         self.reward = RewardExecutor(config.reward.custom_function, config.reward.timeout_s, config.reward.num_workers)
         asynchronous = config.async_training
         self.budget = StalenessBudget.from_config(config)
+        self.queue = SampleQueue(capacity=self.budget.max_per_version)
         self.max_in_flight = asynchronous.max_concurrent_samples or min(16 * len(replicas), self.budget.max_per_version)
         self.params = SamplingParams.from_rollout(config.rollout, config.data.max_response_length)
         self.lengths = LengthDistribution.parse(config.rollout.length_distribution) \
@@ -88,15 +89,16 @@ class Rollouter:
         self.busy_spans: list[tuple[float, float]] = []   # wall-clock spans with generation running
 
     # ---- the feed -----------------------------------------------------------------------------------
-    async def run(self, version: int, state: dict[str, Any]) -> dict[str, float]:
-        """From `state` (the data cursor, parked groups and the number of queued groups of a checkpoint, or
-        the driver's cursor on a fresh run): admit prompts until the data is used up, let every group
+    async def run(self, version: int, state: dict[str, Any], queued: list[list[Sample]]) -> dict[str, float]:
+        """From `state` (the data cursor and parked groups of a checkpoint, or the driver's cursor on a fresh
+        run) and the groups that were queued: admit prompts until the data is used up, let every group
         finish, then end the stream."""
         self.version = version
         self.sampler.load_state_dict(state["sampler"])
         self.restored = list(state["parked"])
         self.next_serial = state["next_serial"]
-        self.budget.charged = len(self.restored) + state["queued"]
+        await self.queue.restore(queued)
+        self.budget.charged = len(self.restored) + len(queued)
         self.idle_s, self.version_started_s, self.idle_since = 0.0, time.monotonic(), time.monotonic()
         tasks = [asyncio.create_task(self.run_group(group)) for group in self.restored]
         while True:
@@ -109,7 +111,7 @@ class Rollouter:
             self.budget.admit()
             tasks.append(asyncio.create_task(self.run_group(group)))
         await asyncio.gather(*tasks)
-        await self.queue.close.remote()
+        await self.queue.close()
         return dict(self.counters)
 
     async def wait_for_admission(self) -> None:
@@ -159,7 +161,7 @@ class Rollouter:
             start = 0
             for member in batch:
                 member.scored, start = scored[start:start + len(member.results)], start + len(member.results)
-            await self.queue.put_many.remote([member.scored for member in batch])
+            await self.queue.put_many([member.scored for member in batch])
             for member in batch:
                 del self.unqueued[member.serial]
         async with self.settled:
@@ -242,7 +244,7 @@ class Rollouter:
         """A new version: charge outstanding work (generating, parked, queued) to its budget and let parked
         groups continue. Returns the last version's idle ratio with the rollouter's counters, and the
         wall-clock spans during which something generated (for the timeline): one call per sync."""
-        queue_size = await self.queue.size.remote()
+        queue_size = await self.queue.size()
         now = time.monotonic()
         idle_s = self.idle_s + (now - self.idle_since if self.idle_since is not None else 0.0)
         version_s = max(now - self.version_started_s, 1e-9)
@@ -259,18 +261,31 @@ class Rollouter:
         spans, self.busy_spans = self.busy_spans, []
         return {**metrics, **await self.stats()}, spans
 
+    async def take(self, count: int, timeout_s: float) -> Optional[list[list[Sample]]]:
+        """For the trainer: `count` scored groups, oldest first (see `SampleQueue.get`)."""
+        return await self.queue.get(count, timeout_s)
+
     async def cursor(self) -> dict[str, int]:
         return self.sampler.state_dict()
 
     async def snapshot(self) -> dict[str, Any]:
-        """Everything a checkpoint needs from the rollouter (call while paused)."""
+        """Everything a checkpoint needs from the rollouter (call while paused): its own state, and the
+        queued groups, kept apart as checkpoints store them."""
         if not self.is_paused:
             raise RuntimeError("rollouter snapshot taken while generating; pause first")
-        return {"sampler": self.sampler.state_dict(), "parked": list(self.in_flight.values()),
-                "next_serial": self.next_serial}
+        return {"rollouter": {"sampler": self.sampler.state_dict(), "parked": list(self.in_flight.values()),
+                              "next_serial": self.next_serial},
+                "queue": await self.queue.snapshot()}
+
+    async def states(self) -> dict[str, dict[str, float]]:
+        """The queue's and the rollouter's state, apart (for the watchdog's report)."""
+        stats = await self.stats()
+        return {"queue": {name: value for name, value in stats.items() if name.startswith("fully_async/queue/")},
+                "rollouter": {name: value for name, value in stats.items()
+                              if not name.startswith("fully_async/queue/")}}
 
     async def stats(self) -> dict[str, float]:
-        return {"fully_async/rollouter/in_flight": float(len(self.in_flight)),
+        return {**await self.queue.stats(), "fully_async/rollouter/in_flight": float(len(self.in_flight)),
                 "fully_async/rollouter/budget_charged": float(self.budget.charged),
                 "fully_async/rollouter/budget_per_version": float(self.budget.max_per_version),
                 **{f"fully_async/count/{name}": float(value) for name, value in self.counters.items()},

@@ -27,10 +27,9 @@ import ray
 from asyncrl.config import AsyncRLConfig
 from asyncrl.core.records import Sample
 from asyncrl.core.replica_rollout import ReplicaRollout
-from asyncrl.distributed.remote import RemoteCallError, wait_for, wait_for_all
+from asyncrl.distributed.remote import RemoteCallError, wait_for
 from asyncrl.recipes.fully_async.budget import StalenessBudget
 from asyncrl.recipes.fully_async.metrics import sample_version_metrics
-from asyncrl.recipes.fully_async.queue import SampleQueueActor
 from asyncrl.recipes.fully_async.rollouter import RolloutActor
 from asyncrl.recipes.run_state import RunState
 from asyncrl.recipes.runtime import Runtime
@@ -62,7 +61,6 @@ class FullyAsyncRecipe:
         self.carried_metrics: dict[str, float] = {}   # of a sync done between steps, logged with the next
         self.stale_samples = 0
         self.trained_prompt_keys: set[str] = set()
-        self.queue = runtime.mode_actors["queue"]
         self.rollouter = runtime.mode_actors["rollouter"]
         self.rollouter_run: Any = None
 
@@ -74,22 +72,18 @@ class FullyAsyncRecipe:
     # ---- StepRecipe -----------------------------------------------------------------------------------
     @staticmethod
     def launch_actors(config: AsyncRLConfig, replicas: list[Any]) -> dict[str, Any]:
-        """The queue and the rollouter, started while the trainers start (a rollouter takes seconds to import
-        and load its data); they wait for `begin`."""
-        queue = SampleQueueActor.options(num_cpus=0).remote(capacity=StalenessBudget.from_config(config).max_per_version)
-        rollouter = RolloutActor.options(num_cpus=0.05).remote(config, replicas, queue)
-        return {"queue": queue, "rollouter": rollouter}
+        """The rollouter (with the queue inside), started while the trainers start (it takes seconds to
+        import and load its data); it waits for `begin`."""
+        return {"rollouter": RolloutActor.options(num_cpus=0.05).remote(config, replicas)}
 
     def begin(self) -> None:
-        """Restore the queue's and the rollouter's checkpointed contents, then stream."""
+        """Stream, from the checkpointed data cursor, parked groups and queue contents when resuming."""
         saved = self.load_saved_state()
-        queued = saved["queue"] if saved else []
-        if queued:
-            wait_for(self.queue.restore.remote(queued), "fully_async/queue", "restore", self.timeout_s)
         # Without a saved rollouter state (fresh run, or a checkpoint written at the end) the cursor is the driver's.
-        rollouter_state = {**saved["rollouter"], "queued": len(queued)} if saved else \
-            {"sampler": self.state.sampler.state_dict(), "parked": [], "next_serial": 0, "queued": 0}
-        self.rollouter_run = self.rollouter.run.remote(self.core.version, rollouter_state)
+        rollouter_state = saved["rollouter"] if saved else \
+            {"sampler": self.state.sampler.state_dict(), "parked": [], "next_serial": 0}
+        self.rollouter_run = self.rollouter.run.remote(self.core.version, rollouter_state,
+                                                       saved["queue"] if saved else [])
 
     def has_next(self) -> bool:
         """Sync first when a cycle of K local steps ended (the sync belongs between steps, so a checkpoint
@@ -113,7 +107,7 @@ class FullyAsyncRecipe:
             ready, _ = ray.wait([self.rollouter_run], timeout=0)
             if ready:
                 wait_for(self.rollouter_run, "fully_async/rollouter", "run", self.timeout_s)  # surfaces its errors
-            groups = wait_for(self.queue.get.remote(count, POLL_S), "fully_async/queue", "get", POLL_S + 30)
+            groups = wait_for(self.rollouter.take.remote(count, POLL_S), "fully_async/rollouter", "take", POLL_S + 30)
             if groups != []:
                 return groups
             if wait_for(self.rollouter.needs_repair.remote(), "fully_async/rollouter", "needs_repair", self.timeout_s):
@@ -126,11 +120,10 @@ class FullyAsyncRecipe:
         """Every component's state, for the watchdog's report."""
         states: dict[str, Any] = {"trainer": {"step": self.state.step, "local_step": self.local_step,
                                               "version": self.core.version}}
-        for name, call in (("queue", self.queue.stats), ("rollouter", self.rollouter.stats)):
-            try:
-                states[name] = wait_for(call.remote(), f"fully_async/{name}", "stats", 30)
-            except (RemoteCallError, TimeoutError) as error:
-                states[name] = f"not answering: {error}"
+        try:
+            states.update(wait_for(self.rollouter.states.remote(), "fully_async/rollouter", "states", 30))
+        except (RemoteCallError, TimeoutError) as error:
+            states["queue"] = states["rollouter"] = f"not answering: {error}"
         return states
 
     def step(self, step: int) -> tuple[dict[str, float], list[Sample]]:
@@ -167,11 +160,9 @@ class FullyAsyncRecipe:
         if save_freq > 0 and version % save_freq == 0:
             self.save_checkpoint()
         self.core.sync_weights(metrics)
-        (rollouter_metrics, busy_spans), queue_stats = wait_for_all(
-            [self.rollouter.resume.remote(self.core.version), self.queue.stats.remote()],
-            ["fully_async/rollouter", "fully_async/queue"], "resume", self.timeout_s)
+        rollouter_metrics, busy_spans = wait_for(self.rollouter.resume.remote(self.core.version),
+                                                 "fully_async/rollouter", "resume", self.timeout_s)
         metrics.update(rollouter_metrics)
-        metrics.update(queue_stats)
         for start_s, end_s in busy_spans:
             self.runtime.timeline.add_span("rollouter", "generate", start_s, end_s)
 
@@ -195,10 +186,11 @@ class FullyAsyncRecipe:
     def save_checkpoint(self) -> None:
         """Called while the rollouter is paused: the data cursor, parked partial groups and queued groups
         are saved with the trainer, so a resume neither loses nor repeats a prompt."""
-        rollouter = wait_for(self.rollouter.snapshot.remote(), "fully_async/rollouter", "snapshot", self.timeout_s)
-        queued = wait_for(self.queue.snapshot.remote(), "fully_async/queue", "snapshot", self.timeout_s)
-        self.state.sampler.load_state_dict(rollouter["sampler"])  # the driver state records the rollouter's cursor
-        artifact = pickle.dumps({"rollouter": rollouter, "queue": queued, "local_step": self.local_step,
+        snapshot = wait_for(self.rollouter.snapshot.remote(), "fully_async/rollouter", "snapshot", self.timeout_s)
+        # The driver state records the rollouter's cursor.
+        self.state.sampler.load_state_dict(snapshot["rollouter"]["sampler"])
+        artifact = pickle.dumps({"rollouter": snapshot["rollouter"], "queue": snapshot["queue"],
+                                 "local_step": self.local_step,
                                  "stale_samples": self.stale_samples,
                                  "trained_prompt_keys": sorted(self.trained_prompt_keys)})
         self.state.save(extra={"trained_prompts": len(self.trained_prompt_keys)}, artifacts={STATE_FILE: artifact})
