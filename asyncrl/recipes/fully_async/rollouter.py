@@ -82,6 +82,7 @@ class Rollouter:
         self.settled = asyncio.Condition()
         self.delivering = asyncio.Lock()            # one scoring + queue call at a time
         self.to_deliver: list[Group] = []           # generated, waiting for the next delivery
+        self.waiting_takes: set[asyncio.Future] = set()   # the trainer's takes waiting for groups
         self.counters = {"generated_groups": 0, "resumed_responses": 0, "aborted_responses": 0,
                          "replica_failures": 0, "requeued_requests": 0}
         self.idle_s, self.version_started_s, self.idle_since = 0.0, time.monotonic(), time.monotonic()
@@ -225,6 +226,8 @@ class Rollouter:
         started = time.monotonic()
         self.is_paused = True
         self.resumed.clear()
+        for waiting in self.waiting_takes:
+            waiting.cancel()
         if self.config.async_training.partial_rollout:
             # A dead replica's requests failed already; they are re-queued, not aborted.
             await asyncio.gather(*(replica.abort.remote() for replica, is_healthy in zip(self.replicas, self.is_healthy)
@@ -240,9 +243,9 @@ class Rollouter:
         is_finishing = bool(self.unqueued) or any(group.is_generated for group in self.in_flight.values())
         return not is_generating and not is_finishing
 
-    async def resume(self, version: int) -> tuple[dict[str, float], list[tuple[float, float]]]:
-        """A new version: charge outstanding work (generating, parked, queued) to its budget and let parked
-        groups continue. Returns the last version's idle ratio with the rollouter's counters, and the
+    async def resume(self, version: int, held: int) -> tuple[dict[str, float], list[tuple[float, float]]]:
+        """A new version: charge outstanding work (generating, parked, queued, and the `held` groups the
+        trainer took ahead but has not trained) to its budget and let parked groups continue. Returns the last version's idle ratio with the rollouter's counters, and the
         wall-clock spans during which something generated (for the timeline): one call per sync."""
         queue_size = await self.queue.size()
         now = time.monotonic()
@@ -252,7 +255,7 @@ class Rollouter:
         self.idle_s, self.version_started_s = 0.0, now
         self.idle_since = now if self.idle_since is not None else None
         self.version = version
-        self.budget.on_sync(len(self.in_flight) + len(self.unqueued) + queue_size)
+        self.budget.on_sync(len(self.in_flight) + len(self.unqueued) + queue_size + held)
         self.is_healthy = [True] * len(self.replicas)  # the sync re-joined and re-loaded restarted replicas
         self.is_paused = False
         self.resumed.set()
@@ -262,8 +265,20 @@ class Rollouter:
         return {**metrics, **await self.stats()}, spans
 
     async def take(self, count: int, timeout_s: float) -> Optional[list[list[Sample]]]:
-        """For the trainer: `count` scored groups, oldest first (see `SampleQueue.get`)."""
-        return await self.queue.get(count, timeout_s)
+        """For the trainer: `count` scored groups, oldest first (see `SampleQueue.get`); [] when a pause
+        comes first (the trainer's sync must not race a transfer of samples)."""
+        if self.is_paused:
+            return []
+        waiting = asyncio.ensure_future(self.queue.get(count, timeout_s))
+        self.waiting_takes.add(waiting)
+        try:
+            return await waiting
+        except asyncio.CancelledError:
+            if not waiting.cancelled():
+                raise  # this call itself was cancelled, not the wait
+            return []
+        finally:
+            self.waiting_takes.discard(waiting)
 
     async def cursor(self) -> dict[str, int]:
         return self.sampler.state_dict()

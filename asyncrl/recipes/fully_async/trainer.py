@@ -63,6 +63,11 @@ class FullyAsyncRecipe:
         self.trained_prompt_keys: set[str] = set()
         self.rollouter = runtime.mode_actors["rollouter"]
         self.rollouter_run: Any = None
+        # The next step's groups are asked for as soon as this step's arrived, so their transfer overlaps
+        # training. Groups that arrived but were not trained yet at a sync are `held`: charged to the next
+        # version's budget and checkpointed at the head of the queue, as if they had never left it.
+        self.prefetch: Any = None
+        self.held: list[list[Sample]] = []
 
     def total_steps(self) -> int:
         num_prompts = len(self.runtime.train_data) * self.config.trainer.total_epochs
@@ -96,6 +101,8 @@ class FullyAsyncRecipe:
         started = time.monotonic()
         self.next_groups = self.take(self.prompts_per_step)
         self.wait_s = time.monotonic() - started
+        if self.next_groups is not None and self.state.step + 1 < self.state.total_steps:
+            self.prefetch = self.rollouter.take.remote(self.prompts_per_step, POLL_S)
         return self.next_groups is not None
 
     def take(self, count: int) -> Optional[list[list[Sample]]]:
@@ -104,10 +111,14 @@ class FullyAsyncRecipe:
         produces nothing for `ray.watchdog_s` stops the run with every component's state."""
         started = time.monotonic()
         while True:
+            if self.held:
+                groups, self.held = self.held[:count], self.held[count:]
+                return groups
             ready, _ = ray.wait([self.rollouter_run], timeout=0)
             if ready:
                 wait_for(self.rollouter_run, "fully_async/rollouter", "run", self.timeout_s)  # surfaces its errors
-            groups = wait_for(self.rollouter.take.remote(count, POLL_S), "fully_async/rollouter", "take", POLL_S + 30)
+            request, self.prefetch = self.prefetch or self.rollouter.take.remote(count, POLL_S), None
+            groups = wait_for(request, "fully_async/rollouter", "take", POLL_S + 30)
             if groups != []:
                 return groups
             if wait_for(self.rollouter.needs_repair.remote(), "fully_async/rollouter", "needs_repair", self.timeout_s):
@@ -119,7 +130,7 @@ class FullyAsyncRecipe:
     def states(self) -> dict[str, Any]:
         """Every component's state, for the watchdog's report."""
         states: dict[str, Any] = {"trainer": {"step": self.state.step, "local_step": self.local_step,
-                                              "version": self.core.version}}
+                                              "version": self.core.version, "held_groups": len(self.held)}}
         try:
             states.update(wait_for(self.rollouter.states.remote(), "fully_async/rollouter", "states", 30))
         except (RemoteCallError, TimeoutError) as error:
@@ -154,17 +165,26 @@ class FullyAsyncRecipe:
 
     def sync(self, metrics: dict[str, float]) -> None:
         """Pause the rollouter, checkpoint if due (everything is still), push weights, resume."""
-        metrics.update(wait_for(self.rollouter.pause.remote(), "fully_async/rollouter", "pause", self.timeout_s))
+        self.pause_rollouter(metrics)
         version = self.core.version + 1
         save_freq = self.config.trainer.save_freq
         if save_freq > 0 and version % save_freq == 0:
             self.save_checkpoint()
         self.core.sync_weights(metrics)
-        rollouter_metrics, busy_spans = wait_for(self.rollouter.resume.remote(self.core.version),
+        rollouter_metrics, busy_spans = wait_for(self.rollouter.resume.remote(self.core.version, len(self.held)),
                                                  "fully_async/rollouter", "resume", self.timeout_s)
         metrics.update(rollouter_metrics)
         for start_s, end_s in busy_spans:
             self.runtime.timeline.add_span("rollouter", "generate", start_s, end_s)
+
+    def pause_rollouter(self, metrics: dict[str, float]) -> None:
+        """Pause generation (a take still waiting in the rollouter returns empty), then hold whatever the
+        prefetch brought: nothing is in transit while the trainer checkpoints or syncs."""
+        metrics.update(wait_for(self.rollouter.pause.remote(), "fully_async/rollouter", "pause", self.timeout_s))
+        if self.prefetch is not None:
+            groups = wait_for(self.prefetch, "fully_async/rollouter", "take", POLL_S + 30)
+            self.prefetch = None
+            self.held += groups or []  # None (the stream ended) is seen again by the next take
 
     def maybe_checkpoint(self) -> None:
         """Nothing here: fully-async checkpoints are written inside syncs, while everything is still."""
@@ -172,7 +192,7 @@ class FullyAsyncRecipe:
     def finish_training(self) -> None:
         """Stop generating (a run may end on its step budget with work in flight) and push the last update,
         so the final validation and the exported policy see it (pitfall P1: a cycle may be incomplete)."""
-        wait_for(self.rollouter.pause.remote(), "fully_async/rollouter", "pause", self.timeout_s)
+        self.pause_rollouter({})
         if self.core.updates_since_sync:
             self.core.sync_weights({})
 
@@ -185,11 +205,12 @@ class FullyAsyncRecipe:
     # ---- lossless checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
         """Called while the rollouter is paused: the data cursor, parked partial groups and queued groups
-        are saved with the trainer, so a resume neither loses nor repeats a prompt."""
+        (the held ones first: they left the head of the queue) are saved with the trainer, so a resume
+        neither loses nor repeats a prompt."""
         snapshot = wait_for(self.rollouter.snapshot.remote(), "fully_async/rollouter", "snapshot", self.timeout_s)
         # The driver state records the rollouter's cursor.
         self.state.sampler.load_state_dict(snapshot["rollouter"]["sampler"])
-        artifact = pickle.dumps({"rollouter": snapshot["rollouter"], "queue": snapshot["queue"],
+        artifact = pickle.dumps({"rollouter": snapshot["rollouter"], "queue": self.held + snapshot["queue"],
                                  "local_step": self.local_step,
                                  "stale_samples": self.stale_samples,
                                  "trained_prompt_keys": sorted(self.trained_prompt_keys)})
