@@ -7,11 +7,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
 
-from asyncrl.models import CausalLM, TransformerConfig, save_model
+from asyncrl.models import CausalLM, TransformerConfig, save_char_tokenizer, save_model
+from asyncrl.models.tokenizer import EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS
 
 # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate); vocabulary 151936, tied embeddings.
 QWEN2_SHAPES = {
@@ -47,7 +49,13 @@ def random_model(config: TransformerConfig, dtype: torch.dtype, device: str, see
     return model.to(dtype).eval()
 
 
-def write_random_model(name: str, folder: str | Path, seed: int = 0) -> Path:
-    """An HF folder (fp32 safetensors, no tokenizer) with random weights of a QWEN2_SHAPES size."""
-    model = random_model(qwen2_config(name), torch.float32, "cpu", seed)
-    return save_model(model, folder)
+def write_random_model(name: str, folder: str | Path, seed: int = 0, with_char_tokenizer: bool = False) -> Path:
+    """An HF folder (fp32 safetensors) with random weights of a QWEN2_SHAPES size; no tokenizer, or the
+    character tokenizer (its ids are valid in any vocabulary) with the model's EOS and pad ids set to the
+    tokenizer's, as a run's pre-flight checks require."""
+    config = qwen2_config(name)
+    if with_char_tokenizer:
+        config = dataclasses.replace(config, eos_token_id=SPECIAL_TOKENS.index(EOS_TOKEN),
+                                     pad_token_id=SPECIAL_TOKENS.index(PAD_TOKEN))
+    folder = save_model(random_model(config, torch.float32, "cpu", seed), folder)
+    return save_char_tokenizer(folder) if with_char_tokenizer else folder

@@ -26,7 +26,7 @@ from typing import Any
 from asyncrl.bench.models import write_random_model
 from asyncrl.config import load_config
 from asyncrl.data.make import make_task, write_task
-from asyncrl.models import build_tiny_model, save_char_tokenizer
+from asyncrl.models import build_tiny_model
 from asyncrl.recipes.launch import train
 from asyncrl.telemetry import plot_bars, plot_timeline, read_metrics
 
@@ -49,8 +49,8 @@ def prepare(root: Path, model: str, device: str, prompts: int) -> tuple[Path, Pa
         folder = build_tiny_model(root / "model", family="qwen2", seed=0, hidden_size=64, num_layers=2,
                                   max_position_embeddings=512)
     else:
-        folder = write_random_model(model, root / "model")
-        save_char_tokenizer(folder)  # prompts are character-tokenised; their ids are valid in any vocabulary
+        # Prompts are character-tokenised; their ids are valid in any vocabulary.
+        folder = write_random_model(model, root / "model", with_char_tokenizer=True)
     return folder, data["train"]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -22,6 +23,26 @@ from asyncrl.config.schema import AsyncRLConfig
 
 class ConfigError(ValueError):
     """A bad config: the message names the key, the value and what was expected."""
+
+
+class ConfigYamlLoader(yaml.SafeLoader):
+    """YAML 1.1 without base-60 numbers: `2:6` (a length range) stays the string it looks like, where the
+    plain safe loader reads it as 126."""
+
+
+INT_TAG, FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+ConfigYamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag not in (INT_TAG, FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+ConfigYamlLoader.add_implicit_resolver(INT_TAG, re.compile(
+    r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
+ConfigYamlLoader.add_implicit_resolver(FLOAT_TAG, re.compile(
+    r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
+
+def load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=ConfigYamlLoader)  # noqa: S506 - a safe loader, minus base-60 numbers
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
@@ -44,7 +65,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        tree = yaml.safe_load(path.read_text())
+        tree = load_yaml(path.read_text())
     except yaml.YAMLError as error:
         raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
     if tree is None:
@@ -60,7 +81,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} must look like key.path=value")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.strip(), value

@@ -113,3 +113,12 @@ def test_group_estimators_agree_with_algos():
     algos = pytest.importorskip("asyncrl.algos")
     assert set(GROUP_ESTIMATORS) == set(algos.GROUP_ESTIMATORS)
     assert set(ADVANTAGE_ESTIMATORS) == set(algos.ADVANTAGE_ESTIMATORS)
+
+
+def test_a_colon_range_stays_a_string_in_overrides_and_files(tmp_path):
+    """YAML 1.1 reads `2:6` as the base-60 number 126; a length range must arrive as written."""
+    assert load_config(None, ["rollout.length_distribution=2:6"]).rollout.length_distribution == "2:6"
+    path = tmp_path / "run.yaml"
+    path.write_text("rollout:\n  length_distribution: 1:30\n  temperature: 0.7\n  n: 4\n")
+    config = load_config(path)
+    assert (config.rollout.length_distribution, config.rollout.temperature, config.rollout.n) == ("1:30", 0.7, 4)
