@@ -43,7 +43,7 @@ MODES = {
 TIMINGS = ("gen", "old_log_prob", "update_actor", "sync_weights", "step")
 
 
-def prepare(root: Path, model: str, device: str, prompts: int) -> tuple[Path, Path]:
+def prepare(root: Path, model: str, device: str, prompts: int) -> tuple[Path, Path, Path]:
     data = write_task(make_task("arithmetic"), root / "data", prompts, 16, seed=0)
     if model == "tiny":
         folder = build_tiny_model(root / "model", family="qwen2", seed=0, hidden_size=64, num_layers=2,
@@ -51,16 +51,18 @@ def prepare(root: Path, model: str, device: str, prompts: int) -> tuple[Path, Pa
     else:
         # Prompts are character-tokenised; their ids are valid in any vocabulary.
         folder = write_random_model(model, root / "model", with_char_tokenizer=True)
-    return folder, data["train"]
+    return folder, data["train"], data["val"]
 
 
-def mode_config(mode: str, folder: Path, train_file: Path, output: Path, options: argparse.Namespace) -> Any:
+def mode_config(mode: str, folder: Path, train_file: Path, val_file: Path, output: Path,
+                options: argparse.Namespace) -> Any:
     separated = mode != "sync"
     devices = options.devices
     trainer_devices = devices - options.rollout_devices if separated else devices
     prompts_per_step = options.prompts_per_step
     return load_config(None, [
-        f"model.path={folder}", f"data.train_files=[{train_file}]", f"trainer.output_dir={output}",
+        f"model.path={folder}", f"data.train_files=[{train_file}]", f"data.val_files=[{val_file}]",
+        f"trainer.output_dir={output}",
         f"trainer.device={options.device}", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
         "trainer.save_freq=-1", f"trainer.n_gpus_per_node={trainer_devices}",
         f"rollout.n_gpus_per_node={options.rollout_devices}", f"rollout.n={options.n}",
@@ -76,10 +78,16 @@ def summarize(mode: str, output: Path, wall_s: float) -> dict[str, Any]:
     rows = [row for row in read_metrics(output / "metrics.jsonl") if "critic/score/mean" in row]
     summary = json.loads((output / "summary.json").read_text())
     mean = lambda key: sum(row.get(key, 0.0) for row in rows) / max(len(rows), 1)  # noqa: E731
+    steps_s = sum(row["timing_s/step"] for row in rows)
+    final_score = summary["final_validation"]["val/score/mean"]  # 16 validation prompts, after training
+    # Throughput is over the training steps (the first one included: a pipeline fills there), not over the
+    # actors' start-up and the final checkpoint and export, which cost the same in every mode and would
+    # dilute the comparison of a short run.
     result = {"mode": mode, "steps": len(rows), "samples": summary["samples"], "tokens": summary["tokens"],
-              "wall_s": wall_s, "train_s": summary["wall_time_s"],
-              "samples_per_s": summary["samples"] / summary["wall_time_s"],
-              "tokens_per_s": summary["tokens"] / summary["wall_time_s"],
+              "wall_s": wall_s, "train_s": summary["wall_time_s"], "steps_s": steps_s,
+              "samples_per_s": summary["samples"] / steps_s, "tokens_per_s": summary["tokens"] / steps_s,
+              "end_to_end_samples_per_s": summary["samples"] / summary["wall_time_s"],
+              "final_score": final_score,
               "staleness_mean": mean("staleness/mean"), "staleness_max": max(row.get("staleness/max", 0) for row in rows),
               "trainer_idle_ratio": mean("trainer/idle_ratio") if mode.startswith("fully")
               else mean("timing_s/gen") / max(mean("timing_s/step"), 1e-9),
@@ -90,29 +98,31 @@ def summarize(mode: str, output: Path, wall_s: float) -> dict[str, Any]:
 
 def markdown_table(results: list[dict[str, Any]]) -> str:
     base = next((result for result in results if result["mode"] == "sync"), results[0])
-    lines = ["| mode | samples/s | tokens/s | speed-up vs sync | step s | gen/wait s | old log-prob s | update s | "
-             "sync s | trainer idle | rollouter idle | staleness mean / max |", "|" + "---|" * 12]
+    lines = ["| mode | samples/s | tokens/s | speed-up vs sync | end-to-end samples/s | step s | gen/wait s | "
+             "old log-prob s | update s | sync s | trainer idle | rollouter idle | staleness mean / max | final score |",
+             "|" + "---|" * 14]
     for result in results:
         rollouter = f"{result['rollouter_idle_ratio']:.2f}" if result["rollouter_idle_ratio"] is not None else "-"
         lines.append(
             f"| {result['mode']} | {result['samples_per_s']:.1f} | {result['tokens_per_s']:.0f} | "
-            f"{result['samples_per_s'] / base['samples_per_s']:.2f}x | {result['step_s']:.3f} | {result['gen_s']:.3f} | "
+            f"{result['samples_per_s'] / base['samples_per_s']:.2f}x | {result['end_to_end_samples_per_s']:.1f} | "
+            f"{result['step_s']:.3f} | {result['gen_s']:.3f} | "
             f"{result['old_log_prob_s']:.3f} | {result['update_actor_s']:.3f} | {result['sync_weights_s']:.3f} | "
             f"{result['trainer_idle_ratio']:.2f} | {rollouter} | {result['staleness_mean']:.2f} / "
-            f"{result['staleness_max']:.0f} |")
+            f"{result['staleness_max']:.0f} | {result['final_score']:.3f} |")
     return "\n".join(lines)
 
 
 def run_modes_benchmark(options: argparse.Namespace) -> list[dict[str, Any]]:
     root = Path(tempfile.mkdtemp(prefix="asyncrl-modes-"))
-    folder, train_file = prepare(root, options.model, options.device, options.samples // options.n + 64)
+    folder, train_file, val_file = prepare(root, options.model, options.device, options.samples // options.n + 64)
     results_dir = Path(options.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for mode in options.modes:
         output = root / mode
         started = time.monotonic()
-        train(mode_config(mode, folder, train_file, output, options))
+        train(mode_config(mode, folder, train_file, val_file, output, options))
         results.append(summarize(mode, output, time.monotonic() - started))
         plot_timeline(output / "timeline.json", results_dir / f"modes_{options.name}_timeline_{mode}.png")
         print(f"[bench modes] {mode}: {results[-1]['samples_per_s']:.1f} samples/s", flush=True)
