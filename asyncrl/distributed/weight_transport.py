@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -127,7 +127,8 @@ class CopyLists:
         self.destinations: list[list[Tensor]] = []
         self.sources: list[list[Tensor]] = []
 
-    def current(self, tensors: list[Tensor], build) -> "CopyLists":
+    def current(self, tensors: list[Tensor], build: Callable[[], tuple[list[list[Tensor]], list[list[Tensor]]]]
+                ) -> "CopyLists":
         key = tuple(tensor.data_ptr() for tensor in tensors)
         if key != self.key:
             self.destinations, self.sources = build()
@@ -185,7 +186,7 @@ class WeightSender:
         return self.broadcast_buckets(lambda index, _: torch._foreach_copy_(copies.destinations[index],
                                                                              copies.sources[index]))
 
-    def broadcast_buckets(self, pack) -> int:
+    def broadcast_buckets(self, pack: Callable[[int, list[Piece]], object]) -> int:
         """Pack bucket k into its buffer (`pack(k, pieces)`) while bucket k-1 is on the wire."""
         pending: list[dist.Work | None] = [None, None]
         sizes = self.plan.bucket_sizes
