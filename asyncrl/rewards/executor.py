@@ -7,7 +7,9 @@
 
 A scorer that raises, returns garbage, kills its process or runs past `timeout_s` gives score 0 and is
 counted; a timed-out worker is killed and replaced. Workers are separate processes (spawned, so they do
-not inherit torch or Ray state) because a hung Python thread cannot be stopped.
+not inherit torch or Ray state) because a hung Python thread cannot be stopped. A worker that cannot
+start (it dies, or does not load the reward function within `startup_timeout_s`) is an environment
+problem, not a bad sample: it raises, naming the function, instead of timing out sample after sample.
 """
 
 from __future__ import annotations
@@ -20,8 +22,16 @@ from asyncrl.rewards.loader import load_reward_function
 from asyncrl.rewards.protocol import RewardRequest, RewardResult, to_result
 
 
+READY = "ready"
+# Spawned processes re-import the script that started the run: one without an `if __name__ == "__main__":`
+# guard starts the run again in every scoring process, which then never serves.
+MAIN_GUARD_HINT = ("if a script of yours starts the run, guard it with `if __name__ == \"__main__\":` "
+                   "(scoring processes are spawned and re-import the main module)")
+
+
 def worker_main(spec: str, connection: Connection) -> None:
     function = load_reward_function(spec)
+    connection.send(READY)
     while True:
         request = connection.recv()
         if request is None:
@@ -43,6 +53,19 @@ class ScoringWorker:
         self.task_index: int | None = None
         self.deadline = 0.0
 
+    def wait_ready(self, spec: str, timeout_s: float) -> None:
+        """Block until the process loaded the reward function; raise, naming it, if it died or took longer
+        than `timeout_s`."""
+        try:
+            if self.connection.poll(timeout_s) and self.connection.recv() == READY:
+                return
+            problem = f"did not load it within {timeout_s:.0f}s"
+        except (EOFError, OSError):
+            self.process.join(timeout=5)
+            problem = f"died while loading it (exit code {self.process.exitcode})"
+        self.kill()
+        raise RuntimeError(f"reward function {spec}: a scoring process {problem}; {MAIN_GUARD_HINT}")
+
     def submit(self, task_index: int, request: RewardRequest, timeout_s: float) -> None:
         self.task_index = task_index
         self.deadline = time.monotonic() + timeout_s
@@ -55,10 +78,11 @@ class ScoringWorker:
 
 
 class RewardExecutor:
-    def __init__(self, spec: str, timeout_s: float, num_workers: int = 1):
+    def __init__(self, spec: str, timeout_s: float, num_workers: int = 1, startup_timeout_s: float = 120.0):
         load_reward_function(spec)  # fail now, in the caller, if the spec does not resolve
         self.spec = spec
         self.timeout_s = timeout_s
+        self.startup_timeout_s = startup_timeout_s
         self.num_workers = num_workers
         self.context = multiprocessing.get_context("spawn")
         self.workers: list[ScoringWorker] = []
@@ -69,8 +93,11 @@ class RewardExecutor:
 
     def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
         """Scores in request order."""
-        while len(self.workers) < min(self.num_workers, len(requests)):
-            self.workers.append(ScoringWorker(self.context, self.spec))
+        started = [ScoringWorker(self.context, self.spec)
+                   for _ in range(min(self.num_workers, len(requests)) - len(self.workers))]
+        self.workers += started  # first all started, then waited for: they load concurrently
+        for worker in started:
+            worker.wait_ready(self.spec, self.startup_timeout_s)
         results: list[RewardResult | None] = [None] * len(requests)
         next_task = 0
         idle = list(self.workers)
@@ -108,6 +135,7 @@ class RewardExecutor:
         worker.kill()
         fresh = ScoringWorker(self.context, self.spec)
         self.workers[self.workers.index(worker)] = fresh
+        fresh.wait_ready(self.spec, self.startup_timeout_s)
         return fresh
 
     def count(self, results: list[RewardResult]) -> None:

@@ -139,3 +139,29 @@ def test_boxed_extraction_handles_nesting_and_absence():
     assert extract_boxed("no box") is None
     assert score_boxed("no box here", "2") == 0.0
     assert score_gsm8k("#### 41", "42") == 0.0
+
+
+@pytest.mark.parametrize("behaviour, problem", [
+    ("os._exit(3)", r"died while loading it \(exit code 3\)"),
+    ("time.sleep(60)", r"did not load it within 2s"),
+])
+def test_a_scoring_process_that_cannot_start_raises_naming_the_function(tmp_path, behaviour, problem):
+    """What a script without a main guard does to spawned workers (they re-run it and never serve): the
+    run stops with the reason, instead of timing out every sample."""
+    path = tmp_path / "starts_badly.py"
+    path.write_text(textwrap.dedent(f"""
+        import multiprocessing, os, time
+
+        if multiprocessing.parent_process() is not None:  # only in a scoring process
+            {behaviour}
+
+        def score(data_source, solution_str, ground_truth, extra_info=None):
+            return 1.0
+    """))
+    executor = RewardExecutor(f"{path}:score", timeout_s=5, startup_timeout_s=2)
+    try:
+        with pytest.raises(RuntimeError, match=rf"reward function {path}:score: a scoring process {problem}.*"
+                                              r"if __name__ == \"__main__\""):
+            executor.score(requests("yes"))
+    finally:
+        executor.close()
