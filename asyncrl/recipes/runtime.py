@@ -29,7 +29,7 @@ from asyncrl.core.rollout import ColocatedRollout, Rollout
 from asyncrl.core.stages import PPOCore
 from asyncrl.core.trainer_group import TrainerGroup
 from asyncrl.data.dataset import PromptDataset
-from asyncrl.distributed.remote import RemoteCallError, wait_for_all
+from asyncrl.distributed.remote import RemoteCallError, wait_for, wait_for_all
 from asyncrl.distributed.resource_pool import PoolSpec, Pools, ResourceError, allocate_pools
 from asyncrl.distributed.runtime import start_ray
 from asyncrl.distributed.rollout_replica import RolloutReplicaActor
@@ -138,6 +138,12 @@ def node_address() -> tuple[str, int]:
         return ray.util.get_node_ip_address(), sock.getsockname()[1]
 
 
+def trainer_node_address(config: AsyncRLConfig, pools: Pools) -> tuple[str, int]:
+    """A free port on trainer rank 0's node (its process groups are hosted there)."""
+    ref = node_address.options(scheduling_strategy=pools.strategy("trainer", 0)).remote()
+    return wait_for(ref, "trainer/rank0 node", "node_address", config.ray.rpc_timeout_s)
+
+
 def start_trainers(config: AsyncRLConfig, pools: Pools, total_steps: int, host_engine: bool) -> TrainerGroup:
     """The trainer ranks, joined in their process group. The group's port is probed free on rank 0's node
     and bound a moment later by rank 0; another process can take it in between, so a start that fails with
@@ -146,7 +152,7 @@ def start_trainers(config: AsyncRLConfig, pools: Pools, total_steps: int, host_e
     threads = threads_per_worker(spec, sum(pool.num_workers for pool in pools.specs))
     attempt = 1
     while True:
-        address, port = ray.get(node_address.options(scheduling_strategy=pools.strategy("trainer", 0)).remote())
+        address, port = trainer_node_address(config, pools)
         actors = [TrainerActor.options(num_cpus=spec.num_cpus_per_worker, num_gpus=spec.num_gpus_per_worker,
                                        scheduling_strategy=pools.strategy("trainer", rank)).remote(
                       config, rank, spec.num_workers, address, port, total_steps, host_engine, threads)
@@ -179,8 +185,7 @@ def launch_replicas(config: AsyncRLConfig, pools: Pools) -> list[Any]:
 def connect_replicas(config: AsyncRLConfig, pools: Pools, replicas: list[Any], trainers: TrainerGroup) -> ReplicaRollout:
     """The replicas behind one handle, joined to trainer rank 0 by the weight-sync group."""
     engine_dtype = torch.bfloat16 if pools.spec("rollout").num_gpus_per_worker else torch.float32
-    new_address = lambda: ray.get(node_address.options(scheduling_strategy=pools.strategy("trainer", 0)).remote())  # noqa: E731
-    rollout = ReplicaRollout(replicas, trainers, config, engine_dtype, new_address)
+    rollout = ReplicaRollout(replicas, trainers, config, engine_dtype, lambda: trainer_node_address(config, pools))
     rollout.connect_weights()
     return rollout
 
