@@ -18,6 +18,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.multiprocessing as mp
@@ -47,6 +48,18 @@ def digest(tensor: torch.Tensor) -> str:
     return hashlib.sha1(tensor.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
 
+def best_time(work: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """The fastest of `repeats` timed runs of `work`, after one that warms up."""
+    times = []
+    for _ in range(repeats + 1):
+        synchronize(device)
+        started = time.perf_counter()
+        work()
+        synchronize(device)
+        times.append(time.perf_counter() - started)
+    return min(times[1:])
+
+
 def run_side(rank: int, folder: str, device_type: str, bucket_mb: int, repeats: int, ports: tuple[int, int],
              queue) -> None:
     device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
@@ -73,29 +86,18 @@ def run_side(rank: int, folder: str, device_type: str, bucket_mb: int, repeats: 
         else:
             engine.update_weights_in_place(receiver.receive_into, version)
 
-    timings = {"sync": [], "raw": []}
-    for _ in range(repeats + 1):  # the first round warms up
-        synchronize(device)
-        started = time.perf_counter()
-        sync(1)
-        synchronize(device)
-        timings["sync"].append(time.perf_counter() - started)
-        started = time.perf_counter()
-        broadcast(group, raw).wait()
-        synchronize(device)
-        timings["raw"].append(time.perf_counter() - started)
-    # Where the time goes: each side's local work alone, without the link.
-    parts = []
-    for _ in range(repeats + 1):
-        synchronize(device)
-        started = time.perf_counter()
+    sync_s = best_time(lambda: sync(1), device, repeats)
+    raw_s = best_time(lambda: broadcast(group, raw).wait(), device, repeats)
+
+    def local_work() -> None:
+        """Where the time goes: each side's local work alone, without the link."""
         if rank == 0:
             for _, tensor in worker.iter_sync_tensors():
                 tensor.to(engine_dtype)  # the gather and cast a sync does, without packing
         else:
             engine.update_weights(copies, version=1)
-        synchronize(device)
-        parts.append(time.perf_counter() - started)
+
+    local_s = best_time(local_work, device, repeats)
     # The check: after the syncs above, every engine tensor is bitwise the trainer's master weight cast to
     # the engine dtype (digests computed on each side independently of the sync path).
     # The trainer's weights are moved first, so an engine still holding the model folder's weights fails it.
@@ -105,12 +107,11 @@ def run_side(rank: int, folder: str, device_type: str, bucket_mb: int, repeats: 
                 local_shard(parameter).add_(torch.randn_like(local_shard(parameter)), alpha=1e-2)
         sync(2)
         digests = {name: digest(tensor.to(engine_dtype)) for name, tensor in worker.iter_policy_tensors()}
-        queue.put({"gather_s": min(parts[1:]), "trainer_digests": digests})
+        queue.put({"gather_s": local_s, "trainer_digests": digests})
     if rank == 1:
-        sync_s, raw_s = min(timings["sync"][1:]), min(timings["raw"][1:])
         sync(2)
         digests = {name: digest(parameter) for name, parameter in engine.runner.model.named_parameters()}
-        queue.put({"engine_digests": digests, "load_s": min(parts[1:]), "bytes": plan.total_bytes,
+        queue.put({"engine_digests": digests, "load_s": local_s, "bytes": plan.total_bytes,
                    "sync_s": sync_s, "raw_s": raw_s,
                    "sync_gb_per_s": plan.total_bytes / sync_s / 1e9, "raw_gb_per_s": plan.total_bytes / raw_s / 1e9,
                    "fraction_of_raw": raw_s / sync_s, "buckets": plan.num_buckets})

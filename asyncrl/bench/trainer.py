@@ -60,9 +60,10 @@ def synthetic_batch(num_rows: int, seq_len: int, vocab_size: int) -> TrainBatch:
     return batch.replace(advantages=advantages, old_log_probs=torch.full_like(advantages, -11.0) * batch.response_mask)
 
 
-def run_trainer_benchmark(model: str = "qwen2.5-0.5b", micro_tokens: int = 4096, seq_len: int = 1024,
-                          num_micro_batches: int = 8, gradient_checkpointing: bool = False, num_updates: int = 3,
-                          peak_flops: float = H200_BF16_PEAK_FLOPS, device: str = "cuda") -> dict:
+def update_setup(model: str, micro_tokens: int, seq_len: int, num_micro_batches: int, gradient_checkpointing: bool,
+                 device: str, total_steps: int) -> tuple[TrainerWorker, TrainBatch, PolicyUpdateSpec]:
+    """One trainer rank on a random-weight model and a synthetic batch of `num_micro_batches` micro-batches of
+    `micro_tokens` tokens (rows of `seq_len`), with the update spec `update_actor` takes."""
     folder = write_random_model(model, Path(tempfile.mkdtemp()) / model)
     num_rows = num_micro_batches * (micro_tokens // seq_len)
     config = load_config(None, [
@@ -72,9 +73,17 @@ def run_trainer_benchmark(model: str = "qwen2.5-0.5b", micro_tokens: int = 4096,
         f"actor.ppo_mini_batch_size={num_rows}", "actor.use_dynamic_bsz=true",
         f"actor.ppo_max_token_len_per_gpu={micro_tokens}", f"data.max_response_length={seq_len}",
         "actor.optim.lr=1e-6"])
-    worker = TrainerWorker(config, 0, 1, "127.0.0.1", free_port(), total_training_steps=num_updates + 1)
+    worker = TrainerWorker(config, 0, 1, "127.0.0.1", free_port(), total_training_steps=total_steps)
     batch = synthetic_batch(num_rows, seq_len, qwen2_config(model).vocab_size)
-    spec = PolicyUpdateSpec.from_config(config, num_rows, step=0)
+    return worker, batch, PolicyUpdateSpec.from_config(config, num_rows, step=0)
+
+
+def run_trainer_benchmark(model: str = "qwen2.5-0.5b", micro_tokens: int = 4096, seq_len: int = 1024,
+                          num_micro_batches: int = 8, gradient_checkpointing: bool = False, num_updates: int = 3,
+                          peak_flops: float = H200_BF16_PEAK_FLOPS, device: str = "cuda") -> dict:
+    worker, batch, spec = update_setup(model, micro_tokens, seq_len, num_micro_batches, gradient_checkpointing,
+                                       device, total_steps=num_updates + 1)
+    num_rows = batch.num_rows
     is_cuda = device == "cuda"
     worker.update_actor(batch, spec)  # warm-up: allocator, kernels
     if is_cuda:

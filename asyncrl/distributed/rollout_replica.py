@@ -5,7 +5,7 @@ Requests are served concurrently (the actor is async), weights arrive over the w
 stamped with the version of the weights that produced it.
 
     replica = RolloutReplicaActor.options(num_cpus=0.5).remote(config, index=0, num_threads=1)
-    result = await replica.generate.remote(request)
+    results, seconds = await replica.generate_batch.remote(requests)
 """
 
 from __future__ import annotations
@@ -35,9 +35,6 @@ class RolloutReplica:
 
     async def ping(self) -> tuple[int, str]:
         return self.index, self.incarnation
-
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        return await self.engine.generate(request)
 
     async def generate_batch(self, requests: list[GenerationRequest]) -> tuple[list[GenerationResult], float]:
         """All requests at once (continuous batching inside); results in request order, and the seconds

@@ -17,8 +17,7 @@ unpacked by one `torch._foreach_copy_`; they are recomputed only when a tensor's
 
     plan = TransferPlan.build([(name, shape), ...], dtype=torch.bfloat16, bucket_bytes=256 << 20)
     sender = WeightSender(group, plan, device); sender.send(named_full_tensors, persistent=False)
-    receiver = WeightReceiver(group, plan, device); engine.update_weights(receiver.receive(), version)
-    receiver.receive_into(dict(engine_model.named_parameters()))        # in place, views computed once
+    receiver = WeightReceiver(group, plan, device); engine.update_weights_in_place(receiver.receive_into, version)
 """
 
 from __future__ import annotations
@@ -216,8 +215,6 @@ class WeightReceiver:
         self.group = group
         self.plan = plan
         self.buffers = bucket_buffers(plan, device)
-        self.shapes = dict(zip(plan.names, plan.shapes))
-        self.itemsize = torch.empty((), dtype=plan.dtype).element_size()
         self.copies = CopyLists()
 
     def receive_into(self, targets: dict[str, Tensor]) -> int:
@@ -258,24 +255,3 @@ class WeightReceiver:
             if index + 1 < self.plan.num_buckets:
                 works[1 - slot] = broadcast(self.group, self.buffers[1 - slot][:sizes[index + 1]])
             yield index
-
-    def receive(self) -> Iterator[tuple[str, Tensor]]:
-        """(name, tensor) pairs, each as soon as its last piece arrived. Bucket k+1 is already in flight
-        while the caller consumes bucket k's tensors."""
-        buckets = self.plan.pieces_by_bucket()
-        partial: dict[str, Tensor] = {}
-        for index in self.arrived_buckets():
-            buffer = self.buffers[index % 2]
-            for piece in buckets[index]:
-                numel = int(torch.Size(self.shapes[piece.name]).numel())
-                if piece.start == 0 and piece.stop == numel * self.itemsize:
-                    # Whole tensor in this bucket: hand out a view; the caller copies it before the buffer
-                    # is reused two buckets later.
-                    yield piece.name, bucket_view(buffer, piece, self.plan.dtype).view(self.shapes[piece.name])
-                    continue
-                if piece.name not in partial:
-                    partial[piece.name] = torch.empty(numel, dtype=self.plan.dtype, device=buffer.device)
-                target = partial[piece.name].view(torch.uint8)
-                target[piece.start:piece.stop].copy_(bucket_view(buffer, piece, torch.uint8))
-                if piece.stop == target.numel():
-                    yield piece.name, partial.pop(piece.name).view(self.shapes[piece.name])

@@ -161,9 +161,7 @@ class LLMEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> int:
         """Copies (HF name, tensor) pairs into the weights in place (no reallocation, so CUDA graphs stay
         valid) and stamps later tokens with `version`. Call between steps. Returns how many were copied."""
-        num_copied = load_named_tensors(self.runner.model, named_tensors)
-        self._version = int(version)
-        return num_copied
+        return self.update_weights_in_place(lambda _: load_named_tensors(self.runner.model, named_tensors), version)
 
     def update_weights_in_place(self, load: Callable[[dict[str, Tensor]], int], version: int) -> int:
         """Runs `load(parameters)`, which writes the weights in place through the given name -> parameter map

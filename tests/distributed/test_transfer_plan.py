@@ -47,8 +47,8 @@ def free_port() -> int:
 @pytest.mark.parametrize("persistent", [False, True], ids=["streamed", "persistent"])
 def test_broadcast_through_small_buckets_delivers_every_tensor_bitwise_sync_after_sync(persistent):
     """Three syncs over one group, the source updated in place between them (as an optimizer does): the
-    generic path (tensors yielded one by one, received as pairs) and the fast path (views made once, one
-    foreach copy per bucket on both sides, straight into the receiver's tensors) both deliver each state."""
+    streamed sender (tensors yielded one by one, as FSDP gathers them) and the persistent one (views made
+    once, one foreach copy per bucket) both deliver each state straight into the receiver's tensors."""
     plan = TransferPlan.build(SHAPES, torch.bfloat16, bucket_bytes=512)
     generator = torch.Generator().manual_seed(0)
     source = {name: torch.randn(shape, generator=generator) for name, shape in SHAPES}  # fp32: cast on the way
@@ -62,11 +62,8 @@ def test_broadcast_through_small_buckets_delivers_every_tensor_bitwise_sync_afte
             group = create_group("127.0.0.1", port, 1, 2, torch.device("cpu"), 30)
             receiver = WeightReceiver(group, plan, torch.device("cpu"))
             for _ in range(3):
-                if persistent:
-                    assert receiver.receive_into(targets) == len(SHAPES)
-                    received.append({name: tensor.clone() for name, tensor in targets.items()})
-                else:  # a whole-tensor view is only valid until its buffer is reused: copy
-                    received.append({name: tensor.clone() for name, tensor in receiver.receive()})
+                assert receiver.receive_into(targets) == len(SHAPES)
+                received.append({name: tensor.clone() for name, tensor in targets.items()})
         except BaseException as error:  # noqa: BLE001 - reported by the main thread
             errors.append(error)
 

@@ -19,7 +19,6 @@ from collections import deque
 from typing import Any, Optional
 
 
-
 class SampleQueue:
     def __init__(self, capacity: int):
         if capacity < 1:

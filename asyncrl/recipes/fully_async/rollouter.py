@@ -72,7 +72,6 @@ class Rollouter:
             if config.rollout.length_distribution else None
         self.in_flight: dict[int, Group] = {}      # admitted, generating (or parked after an abort)
         self.unqueued: dict[int, Group] = {}       # generated, being scored and put on the queue
-        self.restored: list[Group] = []
         self.replica_load = [0] * len(replicas)
         self.is_healthy = [True] * len(replicas)
         self.next_serial = 0
@@ -96,12 +95,12 @@ class Rollouter:
         finish, then end the stream."""
         self.version = version
         self.sampler.load_state_dict(state["sampler"])
-        self.restored = list(state["parked"])
+        parked = list(state["parked"])
         self.next_serial = state["next_serial"]
         await self.queue.restore(queued)
-        self.budget.charged = len(self.restored) + len(queued)
+        self.budget.charged = len(parked) + len(queued)
         self.idle_s, self.version_started_s, self.idle_since = 0.0, time.monotonic(), time.monotonic()
-        tasks = [asyncio.create_task(self.run_group(group)) for group in self.restored]
+        tasks = [asyncio.create_task(self.run_group(group)) for group in parked]
         while True:
             await self.wait_for_admission()
             index = self.sampler.next_index()
