@@ -26,6 +26,8 @@ class ModelConfig:
     dtype: Literal["auto", "float32", "bfloat16"] = option(
         "auto", "parameter dtype of the engine and of mixed precision: auto = bfloat16 on GPU, float32 on CPU")
     gradient_checkpointing: bool = option(False, "recompute each decoder layer's activations in backward")
+    compile: bool = option(True, "torch.compile each decoder layer around its attention kernel on CUDA, in the "
+                                 "trainer and the engine (fused norms, rotary, activation); ignored on CPU")
 
 
 @dataclass

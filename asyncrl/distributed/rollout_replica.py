@@ -29,7 +29,8 @@ class RolloutReplica:
         torch.set_num_threads(num_threads)
         self.index = index
         device = "cuda" if torch.cuda.is_available() and config.trainer.device != "cpu" else "cpu"
-        self.engine = AsyncEngine(LLMEngine(config.model.path, EngineConfig.from_rollout(config.rollout, device)))
+        engine_config = EngineConfig.from_rollout(config.rollout, device, compile=config.model.compile)
+        self.engine = AsyncEngine(LLMEngine(config.model.path, engine_config))
         self.receiver: Optional[WeightReceiver] = None
         self.incarnation = uuid.uuid4().hex  # changes when Ray restarts this replica after a death
 

@@ -31,7 +31,8 @@ class TrainerRank:
         self.sender: Optional[WeightSender] = None
         if host_engine:
             device = str(self.worker.device)
-            self.engine = LLMEngine(config.model.path, EngineConfig.from_rollout(config.rollout, device=device))
+            engine_config = EngineConfig.from_rollout(config.rollout, device=device, compile=config.model.compile)
+            self.engine = LLMEngine(config.model.path, engine_config)
             self.release_cache()
 
     def ping(self) -> int:

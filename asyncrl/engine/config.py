@@ -31,6 +31,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     max_model_len: int | None = None
     enforce_eager: bool = False
+    compile: bool = True  # torch.compile the decoder layers on CUDA (off with enforce_eager, never on CPU)
     device: str = "cpu"
     dtype: torch.dtype | None = None
 
@@ -68,6 +69,10 @@ class EngineConfig:
     @property
     def use_cuda_graphs(self) -> bool:
         return self.is_cuda and not self.enforce_eager
+
+    @property
+    def use_compile(self) -> bool:
+        return self.is_cuda and self.compile and not self.enforce_eager
 
     @classmethod
     def from_rollout(cls, rollout: RolloutConfig, device: str = "cpu", dtype: torch.dtype | None = None,

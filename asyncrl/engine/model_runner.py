@@ -30,6 +30,7 @@ from asyncrl.engine.kv_cache import (
 from asyncrl.engine.sampler import FusedSampleKernel, Sampler, SamplingInputs
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.step_inputs import BlockTableCache, StepInputs, build_step_inputs
+from asyncrl.models.compile import compile_decoder_layers, fuse_projections
 from asyncrl.models.transformer import CausalLM
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ class ModelRunner:
 
     def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int) -> None:
         self.model = model.eval()
+        fuse_projections(model.model)
+        if config.use_compile:
+            compile_decoder_layers(model.model)
         self.config = config
         self.device = config.torch_device
         self.max_model_len = max_model_len

@@ -17,6 +17,7 @@ from asyncrl.models.checkpoint_io import (
     read_config,
     save_model,
 )
+from asyncrl.models.compile import compile_decoder_layers, fuse_projections
 from asyncrl.models.model_config import ARCHITECTURES, FAMILIES, TransformerConfig, architecture_of
 from asyncrl.models.tiny import build_tiny_model, init_weights, tiny_config
 from asyncrl.models.tokenizer import (
@@ -44,9 +45,11 @@ __all__ = [
     "build_tiny_model",
     "causal_attention",
     "char_vocab_size",
+    "compile_decoder_layers",
     "check_model_folder",
     "check_tokenizer_fits_model",
     "copy_tokenizer_files",
+    "fuse_projections",
     "init_weights",
     "iter_named_tensors",
     "load_model",

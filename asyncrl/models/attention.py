@@ -113,20 +113,36 @@ class SelfAttention(nn.Module):
         if self.use_qk_norm:
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
+        self.projection_sizes = [self.num_heads * head_dim, self.num_kv_heads * head_dim, self.num_kv_heads * head_dim]
+        # Set by `fuse_projections` (inference only): one (q + 2 kv, hidden) matrix whose row blocks ARE the
+        # q/k/v weights (their Parameters are views into it), so in-place weight updates reach both.
+        self.qkv_weight: Tensor | None = None
+        self.qkv_bias: Tensor | None = None
 
-    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionBackend | None) -> Tensor:
-        """hidden (B, T, hidden) with attention None, or (N, hidden) with a backend; cos/sin (..., D)."""
+    def project(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """hidden (..., hidden) -> query (..., Hq, D), key and value (..., Hkv, D), after q/k norm and RoPE."""
         leading = hidden.shape[:-1]
-        query = self.q_proj(hidden).view(*leading, self.num_heads, self.head_dim)  # (..., Hq, D)
-        key = self.k_proj(hidden).view(*leading, self.num_kv_heads, self.head_dim)  # (..., Hkv, D)
-        value = self.v_proj(hidden).view(*leading, self.num_kv_heads, self.head_dim)  # (..., Hkv, D)
+        if self.qkv_weight is None:
+            query, key, value = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
+        else:  # one matrix product instead of three (an inference engine's decode step is launch-bound)
+            query, key, value = F.linear(hidden, self.qkv_weight, self.qkv_bias).split(self.projection_sizes, dim=-1)
+        query = query.view(*leading, self.num_heads, self.head_dim)  # (..., Hq, D)
+        key = key.view(*leading, self.num_kv_heads, self.head_dim)  # (..., Hkv, D)
+        value = value.view(*leading, self.num_kv_heads, self.head_dim)  # (..., Hkv, D)
         if self.use_qk_norm:
             query = self.q_norm(query)
             key = self.k_norm(key)
-        query = apply_rotary(query, cos, sin)
-        key = apply_rotary(key, cos, sin)
+        return apply_rotary(query, cos, sin), apply_rotary(key, cos, sin), value
+
+    def attend(self, query: Tensor, key: Tensor, value: Tensor, attention: AttentionBackend | None) -> Tensor:
+        """Dense causal SDPA over (B, T, H, D) with attention None, else the backend over (N, H, D);
+        returns the heads concatenated, (..., Hq * D)."""
         if attention is None:
             output = causal_attention(query, key, value)
         else:
             output = attention.attend(self.layer_index, query, key, value)
-        return self.o_proj(output.reshape(*leading, self.num_heads * self.head_dim))
+        return output.reshape(*query.shape[:-2], self.num_heads * self.head_dim)
+
+    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionBackend | None) -> Tensor:
+        """hidden (B, T, hidden) with attention None, or (N, hidden) with a backend; cos/sin (..., D)."""
+        return self.o_proj(self.attend(*self.project(hidden, cos, sin), attention))

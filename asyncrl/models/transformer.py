@@ -35,7 +35,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionBackend | None) -> Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, attention)
+        query, key, value = self.attention_inputs(hidden, cos, sin)
+        return self.attention_outputs(hidden, self.self_attn.attend(query, key, value, attention))
+
+    # The layer is split around the attention kernel so that `compile_decoder_layers` can compile the two
+    # halves (norms, projections, rotary, activation, residual adds: most of a layer's small kernels) while
+    # the attention backend, which may read and write a paged KV cache, stays eager.
+    def attention_inputs(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """hidden (..., hidden) -> query (..., Hq, D), key and value (..., Hkv, D)."""
+        return self.self_attn.project(self.input_layernorm(hidden), cos, sin)
+
+    def attention_outputs(self, hidden: Tensor, attended: Tensor) -> Tensor:
+        """Residual stream after attention (attended heads (..., Hq * D)) and the MLP."""
+        hidden = hidden + self.self_attn.o_proj(attended)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 

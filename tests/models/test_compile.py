@@ -1,0 +1,100 @@
+"""The speed-ups of `asyncrl.models.compile` keep the model's numbers, names and in-place updates.
+
+Compiled layers are traced with the `aot_eager` backend here (dynamo + AOTAutograd, forward and backward,
+no code generation): on CPU that checks the same graphs CUDA's inductor compiles, without a compiler.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from asyncrl.models import PackedCausalAttention, compile_decoder_layers, fuse_projections, load_model
+
+from .helpers import FAMILY_CASES, right_padded_batch
+
+
+@pytest.mark.parametrize("case", list(FAMILY_CASES))
+def test_fused_projections_match_separate_ones(family_folders: dict[str, Path], case: str) -> None:
+    reference, fused = load_model(family_folders[case]), load_model(family_folders[case])
+    names_before = [name for name, _ in fused.named_parameters()]
+    fuse_projections(fused.model)
+    assert [name for name, _ in fused.named_parameters()] == names_before
+    input_ids, positions, _ = right_padded_batch([7, 5], fused.config.vocab_size, seed=1)
+    with torch.no_grad():
+        difference = (reference(input_ids, positions) - fused(input_ids, positions)).abs().max().item()
+    assert difference <= 1e-5
+
+
+def test_in_place_update_of_a_fused_view_changes_the_output(family_folders: dict[str, Path]) -> None:
+    """Weight sync copies into `...k_proj.weight` and `...up_proj.weight`: the stacked matrices must see it."""
+    model = load_model(family_folders["qwen2_bias_tied"])
+    fuse_projections(model.model)
+    parameters = dict(model.named_parameters())
+    attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    q_rows = attention.q_proj.weight.shape[0]
+    new_key = torch.randn_like(parameters["model.layers.0.self_attn.k_proj.weight"])
+    new_up = torch.randn_like(parameters["model.layers.0.mlp.up_proj.weight"])
+    with torch.no_grad():
+        parameters["model.layers.0.self_attn.k_proj.weight"].copy_(new_key)
+        parameters["model.layers.0.mlp.up_proj.weight"].copy_(new_up)
+    assert torch.equal(attention.qkv_weight[q_rows:q_rows + new_key.shape[0]], new_key)
+    assert torch.equal(mlp.gate_up_weight[mlp.gate_proj.weight.shape[0]:], new_up)
+
+    unfused = load_model(family_folders["qwen2_bias_tied"])
+    with torch.no_grad():
+        unfused.model.layers[0].self_attn.k_proj.weight.copy_(new_key)
+        unfused.model.layers[0].mlp.up_proj.weight.copy_(new_up)
+        input_ids, positions, _ = right_padded_batch([6], model.config.vocab_size, seed=2)
+        assert (model(input_ids, positions) - unfused(input_ids, positions)).abs().max().item() <= 1e-5
+
+
+def _unique_graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("case", ["qwen2_bias_tied", "qwen3_qk_norm"])
+def test_compiled_layers_match_eager_forward_and_backward(family_folders: dict[str, Path], case: str) -> None:
+    eager, compiled = load_model(family_folders[case]), load_model(family_folders[case])
+    compile_decoder_layers(compiled.model, backend="aot_eager")
+    input_ids, positions, mask = right_padded_batch([9, 6, 3], eager.config.vocab_size, seed=3)
+    losses = []
+    for model in (eager, compiled):
+        hidden = model(input_ids, positions)  # (B, T, H)
+        loss = (model.compute_logits(hidden).log_softmax(-1).amax(-1) * mask).sum()
+        loss.backward()
+        losses.append(loss.detach())
+    assert torch.allclose(losses[0], losses[1], rtol=1e-6, atol=1e-6)
+    for (name, parameter), (_, other) in zip(eager.named_parameters(), compiled.named_parameters()):
+        assert other.grad is not None, name
+        assert (parameter.grad - other.grad).abs().max().item() <= 1e-5, name
+
+
+def test_compiled_layers_share_one_graph_whatever_the_depth(family_folders: dict[str, Path]) -> None:
+    """Every layer reuses the same compiled code: graphs do not grow with the number of layers, so compile
+    time and the recompile limit do not either."""
+    model = load_model(family_folders["qwen2_bias_tied"])
+    assert len(model.model.layers) >= 2
+    compile_decoder_layers(model.model, backend="aot_eager")
+    counters.clear()
+    with torch.no_grad():
+        for lengths in ([5, 4], [8, 2], [11, 3, 2]):
+            input_ids, positions, _ = right_padded_batch(lengths, model.config.vocab_size)
+            model(input_ids, positions)
+    assert _unique_graphs() == 2  # one per half, for all layers and all three shapes
+
+
+def test_compiled_layers_leave_a_packed_attention_backend_eager(family_folders: dict[str, Path]) -> None:
+    """The attention backend (the engine's paged KV cache) runs between the compiled halves, outside them."""
+    eager, compiled = load_model(family_folders["llama_output_bias"]), load_model(family_folders["llama_output_bias"])
+    fuse_projections(compiled.model)
+    compile_decoder_layers(compiled.model, backend="aot_eager")
+    attention = PackedCausalAttention.from_lengths([4, 7])
+    input_ids = torch.randint(0, eager.config.vocab_size, (11,), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = eager(input_ids, attention.positions(), attention)
+        actual = compiled(input_ids, attention.positions(), attention)
+    assert (expected - actual).abs().max().item() <= 1e-5
