@@ -55,7 +55,7 @@ class ModelRunner:
         self.model = model.eval()
         fuse_projections(model.model)
         if config.use_compile:
-            compile_decoder_layers(model.model)
+            compile_decoder_layers(model)
         self.config = config
         self.device = config.torch_device
         self.max_model_len = max_model_len

@@ -143,51 +143,52 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
 
 
 @triton.jit
-def _multiply_32(values, low_constant, high_constant):
-    """values * (high_constant * 2**16 + low_constant) mod 2**32, as `sampler.multiply_32`."""
-    low = values * low_constant
-    high = ((values * high_constant) & 0xFFFF) << 16
-    return (low + high) & 0xFFFFFFFF
-
-
-@triton.jit
 def _mix_32(values):
-    """murmur3's fmix32, as `sampler.mix_32` (0x85EBCA6B and 0xC2B2AE35 split in 16-bit halves)."""
+    """murmur3's fmix32 on uint32 values. Triton's uint32 products wrap mod 2**32, so this equals
+    `sampler.mix_32` (which splits the constants in 16-bit halves to stay exact in int64 on the host)
+    bit for bit, at a fraction of the cost of 64-bit integer products on the GPU."""
     values = values ^ (values >> 16)
-    values = _multiply_32(values, 0xCA6B, 0x85EB)
+    values = values * 0x85EBCA6B
     values = values ^ (values >> 13)
-    values = _multiply_32(values, 0xAE35, 0xC2B2)
+    values = values * 0xC2B2AE35
     return values ^ (values >> 16)
 
 
 @triton.jit
 def _gumbel_sample_kernel(
-    logits_ptr, temperatures_ptr, thresholds_ptr, keys_ptr, token_ids_ptr, log_probs_ptr,
-    vocab_size, stride_logits, BLOCK_V: tl.constexpr,
+    logits_ptr, temperatures_ptr, thresholds_ptr, keys_ptr,
+    partial_max_ptr, partial_sum_ptr, partial_score_ptr, partial_scaled_ptr, partial_index_ptr,
+    vocab_size, stride_logits, split_size, NUM_SPLITS: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
+    """One (row, vocabulary split): the split's logsumexp pieces and its best Gumbel score, for the merge."""
     row = tl.program_id(0)
+    split = tl.program_id(1)
     temperature = tl.load(temperatures_ptr + row)
     is_greedy = temperature == 0.0
     divisor = tl.where(is_greedy, 1.0, temperature)
     noise_scale = tl.where(is_greedy, 0.0, 1.0)
     threshold = tl.load(thresholds_ptr + row)
-    key = tl.load(keys_ptr + row).to(tl.int64)
+    key = tl.load(keys_ptr + row).to(tl.uint32)
     offsets = tl.arange(0, BLOCK_V)
     running_max = tl.full([], NEGATIVE_LARGE, tl.float32)
     running_sum = tl.zeros([], tl.float32)
     best_score = tl.full([], float("-inf"), tl.float32)
     best_scaled = tl.zeros([], tl.float32)
     best_index = tl.zeros([], tl.int64)
-    for start in range(0, vocab_size, BLOCK_V):
+    split_start = split * split_size
+    split_stop = tl.minimum(split_start + split_size, vocab_size)
+    for start in range(split_start, split_stop, BLOCK_V):
         vocab_ids = start + offsets
-        vocab_mask = vocab_ids < vocab_size
-        logits = tl.load(logits_ptr + row * stride_logits + vocab_ids, mask=vocab_mask, other=float("-inf"))
+        vocab_mask = vocab_ids < split_stop
+        # bf16 logits are widened here, exactly as a .float() copy would, without that copy's round trip.
+        logits = tl.load(logits_ptr + row * stride_logits + vocab_ids, mask=vocab_mask,
+                         other=float("-inf")).to(tl.float32)
         scaled = logits / divisor
         # Online logsumexp of the scaled logits (the log-prob normaliser over the full vocabulary).
         new_max = tl.maximum(running_max, tl.max(scaled, 0))
         running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(scaled - new_max), 0)
         running_max = new_max
-        bits = _mix_32((key + _multiply_32(vocab_ids.to(tl.int64), 0x79B9, 0x9E37)) & 0xFFFFFFFF)
+        bits = _mix_32(key + vocab_ids.to(tl.uint32) * 0x9E3779B9)
         uniform = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
         gumbel = -tl.log(-tl.log(uniform))
         scores = tl.where(vocab_mask & (logits >= threshold), scaled + gumbel * noise_scale, float("-inf"))
@@ -198,23 +199,64 @@ def _gumbel_sample_kernel(
         best_score = tl.where(is_better, tile_best, best_score)
         best_scaled = tl.where(is_better, tile_scaled, best_scaled)
         best_index = tl.where(is_better, (start + tile_index).to(tl.int64), best_index)
+    slot = row * NUM_SPLITS + split
+    tl.store(partial_max_ptr + slot, running_max)
+    tl.store(partial_sum_ptr + slot, running_sum)
+    tl.store(partial_score_ptr + slot, best_score)
+    tl.store(partial_scaled_ptr + slot, best_scaled)
+    tl.store(partial_index_ptr + slot, best_index)
+
+
+@triton.jit
+def _merge_samples_kernel(
+    partial_max_ptr, partial_sum_ptr, partial_score_ptr, partial_scaled_ptr, partial_index_ptr,
+    token_ids_ptr, log_probs_ptr, NUM_SPLITS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    running_max = tl.full([], NEGATIVE_LARGE, tl.float32)
+    running_sum = tl.zeros([], tl.float32)
+    best_score = tl.full([], float("-inf"), tl.float32)
+    best_scaled = tl.zeros([], tl.float32)
+    best_index = tl.zeros([], tl.int64)
+    for split in tl.static_range(NUM_SPLITS):
+        slot = row * NUM_SPLITS + split
+        split_max = tl.load(partial_max_ptr + slot)
+        new_max = tl.maximum(running_max, split_max)
+        running_sum = running_sum * tl.exp(running_max - new_max) + tl.load(partial_sum_ptr + slot) * tl.exp(
+            split_max - new_max)
+        running_max = new_max
+        score = tl.load(partial_score_ptr + slot)
+        is_better = score > best_score  # strict, in vocabulary order: the first maximum wins
+        best_score = tl.where(is_better, score, best_score)
+        best_scaled = tl.where(is_better, tl.load(partial_scaled_ptr + slot), best_scaled)
+        best_index = tl.where(is_better, tl.load(partial_index_ptr + slot), best_index)
     tl.store(token_ids_ptr + row, best_index)
     tl.store(log_probs_ptr + row, best_scaled - (running_max + tl.log(running_sum)))
 
 
 def fused_sample(logits: Tensor, temperatures: Tensor, thresholds: Tensor, keys: Tensor,
-                 block_vocab: int = 2048) -> tuple[Tensor, Tensor]:
-    """The Triton twin of `sampler.sample_reference` in one pass over the logits: logits (S, V) fp32,
-    temperatures (S,) (0 = greedy), thresholds (S,) raw logits, keys (S,) int64 -> token ids (S,) int64,
-    log-probs (S,)."""
+                 block_vocab: int = 2048, num_splits: int = 8) -> tuple[Tensor, Tensor]:
+    """The Triton twin of `sampler.sample_reference` in one pass over the logits: logits (S, V) fp32 or
+    bf16, temperatures (S,) (0 = greedy), thresholds (S,) raw logits, keys (S,) int64 -> token ids (S,)
+    int64, log-probs (S,) fp32. The vocabulary is cut into `num_splits` ranges run by separate programs
+    (one program per row leaves most of an H200 idle at a few hundred rows), merged by a second kernel."""
     num_rows, vocab_size = logits.shape
     if logits.stride(1) != 1:
         raise ValueError("fused_sample needs logits contiguous along the vocabulary")
-    token_ids = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
-    log_probs = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
-    _gumbel_sample_kernel[(num_rows,)](
+    block_vocab = min(block_vocab, triton.next_power_of_2(vocab_size))
+    num_splits = max(1, min(num_splits, -(-vocab_size // block_vocab)))
+    split_size = -(-vocab_size // (num_splits * block_vocab)) * block_vocab
+    device = logits.device
+    partial_max, partial_sum, partial_score, partial_scaled = torch.empty(
+        (4, num_rows, num_splits), dtype=torch.float32, device=device)
+    partial_index = torch.empty((num_rows, num_splits), dtype=torch.int64, device=device)
+    _gumbel_sample_kernel[(num_rows, num_splits)](
         logits, temperatures.to(torch.float32).contiguous(), thresholds.to(torch.float32).contiguous(),
-        keys.contiguous(), token_ids, log_probs, vocab_size, logits.stride(0),
-        BLOCK_V=min(block_vocab, triton.next_power_of_2(vocab_size)),
+        keys.contiguous(), partial_max, partial_sum, partial_score, partial_scaled, partial_index,
+        vocab_size, logits.stride(0), split_size, NUM_SPLITS=num_splits, BLOCK_V=block_vocab,
     )
+    token_ids = torch.empty(num_rows, dtype=torch.int64, device=device)
+    log_probs = torch.empty(num_rows, dtype=torch.float32, device=device)
+    _merge_samples_kernel[(num_rows,)](partial_max, partial_sum, partial_score, partial_scaled, partial_index,
+                                       token_ids, log_probs, NUM_SPLITS=num_splits)
     return token_ids, log_probs

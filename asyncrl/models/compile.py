@@ -20,20 +20,22 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from asyncrl.models.transformer import TransformerModel
+from asyncrl.models.transformer import CausalLM, TransformerModel, ValueModel
 
 # Grad modes x specialised sizes x dense (B, T) or flattened (N,) layouts: above the default of 8
 # recompiles per function, past which dynamo silently falls back to eager.
 _RECOMPILE_LIMIT = 32
 
 
-def compile_decoder_layers(backbone: TransformerModel, backend: str = "inductor") -> None:
-    """Replaces every layer's `attention_inputs` and `attention_outputs` with compiled versions, in place.
+def compile_decoder_layers(model: CausalLM | ValueModel, backend: str = "inductor") -> None:
+    """Replaces every layer's `attention_inputs` and `attention_outputs` with compiled versions, in place,
+    and marks the model `is_compiled` (the trainer's chunked LM head then compiles its softmax math too).
 
     Call it before FSDP wrapping or CUDA-graph capture (their hooks and captures then see the compiled
     functions). `backend="aot_eager"` traces forward and backward without code generation (CPU tests)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _RECOMPILE_LIMIT)
-    for layer in backbone.layers:
+    model.is_compiled = True
+    for layer in model.model.layers:
         layer.attention_inputs = torch.compile(layer.attention_inputs, backend=backend, fullgraph=True, dynamic=True)
         layer.attention_outputs = torch.compile(layer.attention_outputs, backend=backend, fullgraph=True, dynamic=True)
 

@@ -99,6 +99,7 @@ class CausalLM(nn.Module):
         self.model = TransformerModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+        self.is_compiled = False  # set by `compile_decoder_layers`; the trainer's LM head follows it
 
     def tie_weights(self) -> None:
         """Makes lm_head share the embedding Parameter when configured (again after `to_empty`, which unties)."""
@@ -126,6 +127,7 @@ class ValueModel(nn.Module):
         self.model = TransformerModel(config)
         self.score = nn.Linear(config.hidden_size, 1, bias=True)
         self.reset_score_head()
+        self.is_compiled = False  # set by `compile_decoder_layers`
 
     def reset_score_head(self, seed: int = 0) -> None:
         """Deterministic small init: weight ~ N(0, 1 / (hidden + 1)^2) from `seed`, bias 0, so initial values

@@ -37,7 +37,7 @@ def response_log_probs(model: CausalLM, batch: TrainBatch, temperature: float,
     positions = predictor_positions(batch)[rows, columns]  # (N,)
     token_log_probs, token_entropy = token_log_probs_and_entropy(
         hidden[rows, positions], model.lm_head.weight, batch.response_ids()[rows, columns], temperature,
-        with_entropy)  # (N,) each
+        with_entropy, compiled=model.is_compiled)  # (N,) each
     shape = batch.response_mask.shape
     log_probs = token_log_probs.new_zeros(shape).index_put((rows, columns), token_log_probs)
     if token_entropy is None:

@@ -35,12 +35,13 @@ def chunk_size_for_budget(vocab_size: int, budget_bytes: int = LOGITS_CHUNK_BYTE
 
 
 def token_log_probs_and_entropy(hidden: Tensor, weight: Tensor, target_ids: Tensor, temperature: float,
-                                with_entropy: bool,
-                                chunk_size: Optional[int] = None) -> tuple[Tensor, Optional[Tensor]]:
+                                with_entropy: bool, chunk_size: Optional[int] = None,
+                                compiled: bool = False) -> tuple[Tensor, Optional[Tensor]]:
     """log softmax(W h / T)[y] (N,) and, if asked, the entropy of softmax(W h / T) (N,); both differentiable.
 
     hidden (N, H) and weight (V, H) share a dtype; target_ids (N,) int64. Outputs are float32 (float64 for
-    float64 input). `chunk_size` None picks it from `LOGITS_CHUNK_BYTES`.
+    float64 input). `chunk_size` None picks it from `LOGITS_CHUNK_BYTES`. `compiled` runs each chunk's softmax
+    math through torch.compile (CUDA).
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
@@ -55,7 +56,8 @@ def token_log_probs_and_entropy(hidden: Tensor, weight: Tensor, target_ids: Tens
         chunk_size = chunk_size_for_budget(weight.shape[0])
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    outputs = ChunkedLogProbEntropy.apply(hidden, weight, target_ids, float(temperature), chunk_size, with_entropy)
+    outputs = ChunkedLogProbEntropy.apply(hidden, weight, target_ids, float(temperature), chunk_size, with_entropy,
+                                          compiled)
     return (outputs[0], outputs[1]) if with_entropy else (outputs, None)
 
 
@@ -64,22 +66,23 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target_ids: Tensor, temperature: float, chunk_size: int,
-                with_entropy: bool):
+                with_entropy: bool, compiled: bool):
         num_tokens = hidden.shape[0]
         softmax_dtype = torch.promote_types(hidden.dtype, torch.float32)
         log_probs = torch.empty(num_tokens, dtype=softmax_dtype, device=hidden.device)
         entropy = torch.empty(num_tokens, dtype=softmax_dtype, device=hidden.device) if with_entropy else None
+        statistics = _compiled_statistics if compiled else chunk_statistics
         for start in range(0, num_tokens, chunk_size):
             end = min(start + chunk_size, num_tokens)
-            chunk_log_probs = chunk_log_softmax(hidden[start:end], weight, temperature)  # (c, V)
-            log_probs[start:end] = chunk_log_probs.gather(1, target_ids[start:end, None]).squeeze(1)
+            logits = torch.mm(hidden[start:end], weight.t())  # (c, V) in the input dtype
+            chunk_log_probs, chunk_entropy = statistics(logits, target_ids[start:end], temperature, with_entropy)
+            log_probs[start:end] = chunk_log_probs
             if with_entropy:
-                # -sum p log p rather than lse - sum p z: no cancellation between two large terms.
-                probs = chunk_log_probs.exp()
-                entropy[start:end] = probs.mul_(chunk_log_probs).sum(dim=-1).neg_()
+                entropy[start:end] = chunk_entropy
         ctx.set_materialize_grads(False)
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
+        ctx.compiled = compiled
         if with_entropy:
             ctx.save_for_backward(hidden, weight, target_ids, entropy)
             return log_probs, entropy
@@ -99,36 +102,49 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
         # Always a tensor (zeros without tokens): under FSDP every rank must reduce the same set of gradients.
         grad_weight = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32),
                                   device=weight.device) if needs_weight else None
+        gradient = _compiled_grad_logits if ctx.compiled else chunk_grad_logits
         for start in range(0, num_tokens, ctx.chunk_size):
             end = min(start + ctx.chunk_size, num_tokens)
             chunk_hidden = hidden[start:end]
-            chunk_log_probs = chunk_log_softmax(chunk_hidden, weight, ctx.temperature)  # (c, V), recomputed
-            grad_logits = chunk_grad_logits(
-                chunk_log_probs, target_ids[start:end], grad_log_probs[start:end],
+            logits = torch.mm(chunk_hidden, weight.t())  # (c, V), recomputed rather than stored
+            grad_logits = gradient(
+                logits, target_ids[start:end], grad_log_probs[start:end],
                 None if grad_entropy is None else grad_entropy[start:end],
-                saved_entropy[0][start:end] if saved_entropy else None, ctx.temperature).to(hidden.dtype)
-            del chunk_log_probs  # frees the float32 buffer once grad_logits is a bf16 copy
+                saved_entropy[0][start:end] if saved_entropy else None, ctx.temperature)  # (c, V) input dtype
+            del logits
             if needs_hidden:
                 torch.mm(grad_logits, weight, out=grad_hidden[start:end])
             if needs_weight:
                 accumulate_matmul(grad_weight, grad_logits.t(), chunk_hidden)
         if needs_weight:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
-def chunk_log_softmax(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
-    """(c, H), (V, H) -> log_softmax(W h / T) (c, V) in at least float32; the matmul runs in the input dtype."""
-    logits = torch.mm(hidden, weight.t()).to(torch.promote_types(hidden.dtype, torch.float32))
-    if temperature != 1.0:
-        logits.div_(temperature)  # a fresh tensor (or the matmul's own output): safe to scale in place
-    return torch.log_softmax(logits, dim=-1)
+def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
 
 
-def chunk_grad_logits(log_probs: Tensor, target_ids: Tensor, grad_log_probs: Tensor, grad_entropy: Optional[Tensor],
+def chunk_statistics(logits: Tensor, target_ids: Tensor, temperature: float,
+                     with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
+    """logits (c, V) of W h -> log softmax(logits / T)[y] (c,) and, if asked, the entropy (c,), in float32.
+
+    In-place steps keep eager runs (CPU) at two (c, V) float32 buffers; compiled, they fuse anyway."""
+    log_probs = logits.to(_softmax_dtype(logits.dtype)) / temperature  # scaled logits, then log-probs in place
+    log_probs.sub_(torch.logsumexp(log_probs, dim=-1, keepdim=True))  # (c, V)
+    target_log_probs = log_probs.gather(1, target_ids[:, None]).squeeze(1)
+    if not with_entropy:
+        return target_log_probs, None
+    # -sum p log p rather than lse - sum p z: no cancellation between two large terms.
+    return target_log_probs, log_probs.exp().mul_(log_probs).sum(dim=-1).neg_()
+
+
+def chunk_grad_logits(logits: Tensor, target_ids: Tensor, grad_log_probs: Tensor, grad_entropy: Optional[Tensor],
                       entropy: Optional[Tensor], temperature: float) -> Tensor:
-    """dL/d(W h) (c, V) of one chunk, 1/T included: p (a + b log p) + onehot(y) g_lp / T, where
-    a = -(g_lp + g_H H) / T and b = -g_H / T. Overwrites `log_probs` (c, V)."""
+    """dL/d(W h) (c, V) of one chunk in the logits' dtype, 1/T included: p (a + b log p) + onehot(y) g_lp / T,
+    where a = -(g_lp + g_H H) / T and b = -g_H / T."""
+    log_probs = logits.to(_softmax_dtype(logits.dtype)) / temperature
+    log_probs.sub_(torch.logsumexp(log_probs, dim=-1, keepdim=True))  # (c, V)
     scaled_grad_log_probs = (grad_log_probs / temperature)[:, None]  # (c, 1)
     if grad_entropy is None:
         grad = log_probs.exp_().mul_(-scaled_grad_log_probs)
@@ -136,7 +152,14 @@ def chunk_grad_logits(log_probs: Tensor, target_ids: Tensor, grad_log_probs: Ten
         offset = -(grad_log_probs + grad_entropy * entropy)[:, None] / temperature  # (c, 1)
         probs = log_probs.exp()
         grad = log_probs.mul_(-(grad_entropy / temperature)[:, None]).add_(offset).mul_(probs)
-    return grad.scatter_add_(1, target_ids[:, None], scaled_grad_log_probs)
+    return grad.scatter_add_(1, target_ids[:, None], scaled_grad_log_probs).to(logits.dtype)
+
+
+# On CUDA each chunk's softmax passes (widening, logsumexp, gather, entropy; in backward the gradient) fuse
+# into a few kernels that read the bf16 logits once or twice, instead of ~10 full (c, V) float32 passes.
+# Chunks differ in length (the last one), hence dynamic shapes.
+_compiled_statistics = torch.compile(chunk_statistics, dynamic=True, fullgraph=True)
+_compiled_grad_logits = torch.compile(chunk_grad_logits, dynamic=True, fullgraph=True)
 
 
 def accumulate_matmul(accumulator: Tensor, left: Tensor, right: Tensor) -> None:

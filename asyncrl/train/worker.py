@@ -83,7 +83,7 @@ class TrainerWorker:
         model = load_model(folder, dtype=torch.float32, device=self.device, kind=kind)
         model.set_gradient_checkpointing(self.config.model.gradient_checkpointing)
         if self.config.model.compile and self.device.type == "cuda":
-            compile_decoder_layers(model.model)
+            compile_decoder_layers(model)
         return shard_model(model, self.mesh, self.param_dtype)
 
     # ---- stages ---------------------------------------------------------------------------------------

@@ -65,18 +65,21 @@ def test_paged_decode_matches_torch_paged_attention(num_splits, num_heads, num_k
     assert (output.float() - expected).abs().max().item() <= tolerance
 
 
-def test_fused_sample_matches_the_torch_sampler():
+@pytest.mark.parametrize("num_splits, dtype", [(1, torch.float32), (3, torch.float32), (8, torch.bfloat16)])
+def test_fused_sample_matches_the_torch_sampler(num_splits, dtype):
+    """Any vocabulary split gives the torch sampler's tokens; bf16 logits sample as their fp32 widening."""
     from asyncrl.engine.triton_kernels import fused_sample
 
     generator = torch.Generator().manual_seed(1)
-    logits = (3 * torch.randn((6, 3000), generator=generator)).to(DEVICE)
+    logits = (3 * torch.randn((6, 3000), generator=generator)).to(DEVICE).to(dtype).float()
     temperatures = torch.tensor([1.0, 0.7, 0.0, 1.3, 1.0, 0.5], device=DEVICE)
     thresholds = torch.full((6,), float("-inf"), device=DEVICE)
     thresholds[3] = logits[3].topk(20).values[-1]
     keys = row_keys(torch.tensor([1, 2, 3, 4, 2**62 + 5, 6], device=DEVICE),
                     torch.tensor([0, 5, 7, 9, 100, 3], device=DEVICE))
     expected_ids, expected_log_probs = sample_reference(logits, temperatures, thresholds, keys)
-    token_ids, log_probs = fused_sample(logits, temperatures, thresholds, keys, block_vocab=512)
+    token_ids, log_probs = fused_sample(logits.to(dtype), temperatures, thresholds, keys, block_vocab=512,
+                                        num_splits=num_splits)
     assert token_ids.tolist() == expected_ids.tolist()
     assert (log_probs - expected_log_probs).abs().max().item() <= 1e-4
     assert logits[3, token_ids[3]] >= thresholds[3]

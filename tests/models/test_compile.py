@@ -59,7 +59,7 @@ def _unique_graphs() -> int:
 @pytest.mark.parametrize("case", ["qwen2_bias_tied", "qwen3_qk_norm"])
 def test_compiled_layers_match_eager_forward_and_backward(family_folders: dict[str, Path], case: str) -> None:
     eager, compiled = load_model(family_folders[case]), load_model(family_folders[case])
-    compile_decoder_layers(compiled.model, backend="aot_eager")
+    compile_decoder_layers(compiled, backend="aot_eager")
     input_ids, positions, mask = right_padded_batch([9, 6, 3], eager.config.vocab_size, seed=3)
     losses = []
     for model in (eager, compiled):
@@ -78,7 +78,7 @@ def test_compiled_layers_share_one_graph_whatever_the_depth(family_folders: dict
     time and the recompile limit do not either."""
     model = load_model(family_folders["qwen2_bias_tied"])
     assert len(model.model.layers) >= 2
-    compile_decoder_layers(model.model, backend="aot_eager")
+    compile_decoder_layers(model, backend="aot_eager")
     counters.clear()
     with torch.no_grad():
         for lengths in ([5, 4], [8, 2], [11, 3, 2]):
@@ -91,7 +91,7 @@ def test_compiled_layers_leave_a_packed_attention_backend_eager(family_folders: 
     """The attention backend (the engine's paged KV cache) runs between the compiled halves, outside them."""
     eager, compiled = load_model(family_folders["llama_output_bias"]), load_model(family_folders["llama_output_bias"])
     fuse_projections(compiled.model)
-    compile_decoder_layers(compiled.model, backend="aot_eager")
+    compile_decoder_layers(compiled, backend="aot_eager")
     attention = PackedCausalAttention.from_lengths([4, 7])
     input_ids = torch.randint(0, eager.config.vocab_size, (11,), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
