@@ -41,10 +41,23 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | N
     """
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else \
         MixedPrecisionPolicy()
+    # One rank: a layer keeps its gathered (compute-dtype) copy from forward to backward, which then skips a
+    # second gather per layer; no other rank needs the memory (it costs one compute-dtype copy of the layers).
+    reshard_after_forward = mesh.size() > 1
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        if not reshard_after_forward:
+            layer.register_forward_hook(reshard_without_grad)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def reshard_without_grad(layer: FSDPModule, inputs: object, output: object) -> None:
+    """After a forward without autograd (log-probs), reshard the layer at once: no backward will. While it
+    is gathered, FSDP registers the gathered copy as the layer's parameters, so a write to them (the
+    snapshot swap of decoupled mode) would miss the fp32 master and be lost at the next reshard."""
+    if not torch.is_grad_enabled():
+        layer.reshard()
 
 
 def full_tensor(tensor: Tensor) -> Tensor:
