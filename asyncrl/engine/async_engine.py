@@ -9,7 +9,9 @@
 
 One background task steps the engine; each step runs in a worker thread (`asyncio.to_thread`), so the
 event loop keeps serving submissions, aborts and pauses while a step runs. An asyncio lock serialises every
-use of the engine: a step, an abort, a weight update or a sleep happens between two steps, never inside one.
+use of the engine: a step, an abort, a weight update or a sleep happens between two steps, never inside one,
+and after the decode the engine launched ahead (async scheduling) has completed: requests that finished in
+it are resolved then.
 If a step raises, every waiting caller gets the error and later calls fail with it.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
+from typing import TypeVar
 
 from torch import Tensor
 
@@ -25,6 +28,8 @@ from asyncrl.engine.llm_engine import LLMEngine
 from asyncrl.engine.request import GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class AsyncEngine:
@@ -70,17 +75,15 @@ class AsyncEngine:
     async def abort(self, request_ids: Iterable[str] | None = None) -> list[GenerationResult]:
         """Aborts the given (all when None) in-flight requests between two steps; returns their partial
         results, which their awaiting `generate` calls also receive."""
-        async with self._lock:
-            self._hand_pending_to_engine()
-            results = self.engine.abort(request_ids)
+        results = await self._between_steps(lambda: self.engine.abort(request_ids))
         self._resolve(results)
         return results
 
     async def pause(self) -> None:
-        """Stops stepping once the current step ends (returns then); in-flight requests keep their state."""
+        """Stops stepping once the current step ends (returns then, with no step left on the device);
+        in-flight requests keep their state."""
         self._is_paused = True
-        async with self._lock:
-            pass
+        await self._between_steps(lambda: None)
 
     async def resume(self) -> None:
         self._is_paused = False
@@ -89,23 +92,34 @@ class AsyncEngine:
     async def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> int:
         """Loads weights in place between two steps (pausing stepping while it copies); see
         `LLMEngine.update_weights`."""
-        async with self._lock:
-            return await asyncio.to_thread(self.engine.update_weights, named_tensors, version)
+        return await self._between_steps(lambda: self.engine.update_weights(named_tensors, version))
 
     async def update_weights_in_place(self, load: Callable[[dict[str, Tensor]], int], version: int) -> int:
         """`LLMEngine.update_weights_in_place` between two steps."""
-        async with self._lock:
-            return await asyncio.to_thread(self.engine.update_weights_in_place, load, version)
+        return await self._between_steps(lambda: self.engine.update_weights_in_place(load, version))
 
     async def sleep(self) -> None:
         """Releases the KV cache between two steps; in-flight requests wait and are recomputed after wake."""
-        async with self._lock:
-            await asyncio.to_thread(self.engine.sleep)
+        await self._between_steps(self.engine.sleep)
 
     async def wake(self) -> None:
-        async with self._lock:
-            await asyncio.to_thread(self.engine.wake)
+        await self._between_steps(self.engine.wake)
         self._has_work.set()
+
+    async def _between_steps(self, operation: Callable[[], T]) -> T:
+        """Runs `operation` in a worker thread between two steps, after handing over submitted requests (so
+        that an abort finds them) and completing the engine's step in flight (`LLMEngine.drain`): the
+        requests that finished in it are resolved here, since a paused or sleeping engine does not step
+        again to return them."""
+        def drain_and_run() -> tuple[list[GenerationResult], T]:
+            finished = self.engine.drain()
+            return finished, operation()
+
+        async with self._lock:
+            self._hand_pending_to_engine()
+            finished, value = await asyncio.to_thread(drain_and_run)
+        self._resolve(finished)
+        return value
 
     async def close(self) -> None:
         """Stops the background loop after the current step (in-flight requests are left as they are)."""

@@ -76,16 +76,18 @@ class BlockManager:
                 self.free_block_ids.append(block_id)
         sequence.assign_blocks([])
 
-    def needs_new_block(self, sequence: Sequence) -> bool:
-        """Whether the next decode step (writing position len - 1) needs one more block."""
-        return len(sequence.block_table) < num_blocks_for(len(sequence), self.block_size)
+    def needs_new_block(self, sequence: Sequence, lookahead: int = 0) -> bool:
+        """Whether the next decode step (writing position len - 1 + lookahead) needs one more block.
+        lookahead 1: a decode scheduled before the previous step's token is appended (see `schedule_ahead`)."""
+        return len(sequence.block_table) * self.block_size < len(sequence.token_ids) + lookahead
 
-    def can_append(self, sequence: Sequence) -> bool:
-        return not self.needs_new_block(sequence) or self.num_free_blocks > 0
+    def can_append(self, sequence: Sequence, lookahead: int = 0) -> bool:
+        return self.num_free_blocks > 0 or not self.needs_new_block(sequence, lookahead)
 
-    def append_slot(self, sequence: Sequence) -> None:
-        """Makes sure position len - 1 has a block; decode writes only to blocks the sequence owns alone."""
-        if self.needs_new_block(sequence):
+    def append_slot(self, sequence: Sequence, lookahead: int = 0) -> None:
+        """Makes sure position len - 1 + lookahead has a block; decode writes only to blocks the sequence owns
+        alone."""
+        if self.needs_new_block(sequence, lookahead):
             sequence.append_block(self._take_block())
         last_block = sequence.block_table[-1]
         if self.reference_counts[last_block] != 1:

@@ -32,6 +32,9 @@ class EngineConfig:
     max_model_len: int | None = None
     enforce_eager: bool = False
     compile: bool = True  # torch.compile the decoder layers on CUDA (off with enforce_eager, never on CPU)
+    # Launch the next decode before postprocessing the current one, overlapping host work with the device
+    # (see `LLMEngine.step`); outputs are the same either way.
+    async_scheduling: bool = True
     device: str = "cpu"
     dtype: torch.dtype | None = None
 

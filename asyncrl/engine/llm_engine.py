@@ -6,6 +6,20 @@
     engine.update_weights(trainer_named_tensors, version=3)          # in place, between steps
     engine.sleep(); ...; engine.wake()                               # free / restore the KV cache
 
+Async scheduling (`config.async_scheduling`): while decoding, each `step` launches the next decode before
+postprocessing the current one, so the host builds inputs and appends tokens while the device computes:
+
+    step k:  launch s+1 (inputs from s's tokens on the device) -> wait for s -> postprocess s -> return
+    device:  ...... s ...... | ................ s+1 ................ |
+
+It is launched only when it is exactly the batch `schedule` would pick after s (nothing waits for admission,
+no preemption is needed), and sampling noise depends only on seed and position, so the tokens are those
+of the synchronous engine. A request that stops on a sampled stop token at s still computes one token at
+s+1, dropped; its row can change the batch shape, so log-probs equal the synchronous ones as far as the
+kernels are batch-independent (bitwise on CPU in the tests). Everything that needs a quiet engine (weight
+updates, abort, sleep) first completes the step in flight, with the version current at its launch: after k
+calls of `step`, up to k + 1 steps' tokens are in. `drain` does only that.
+
 Not thread-safe: one caller at a time (`AsyncEngine` serialises access for asyncio callers).
 """
 
@@ -23,7 +37,7 @@ from torch import Tensor
 
 from asyncrl.engine.block_manager import BlockManager, num_blocks_for
 from asyncrl.engine.config import EngineConfig
-from asyncrl.engine.model_runner import ModelRunner
+from asyncrl.engine.model_runner import ModelRunner, StepOutput
 from asyncrl.engine.request import GenerationRequest, GenerationResult
 from asyncrl.engine.scheduler import ScheduledBatch, Scheduler
 from asyncrl.engine.sequence import Sequence
@@ -41,6 +55,15 @@ class StepSummary:
     num_sequences: int  # tokens sampled
     num_computed_tokens: int  # tokens run through the model (shared prompts count once)
     num_context_tokens: int  # KV positions attended, summed over rows: the KV a decode step reads
+
+
+@dataclass
+class LaunchedStep:
+    """A step queued on the device, postprocessed later."""
+
+    batch: ScheduledBatch
+    output: StepOutput
+    version: int  # the weights' version when it was launched, stamped on its tokens
 
 
 class LLMEngine:
@@ -65,7 +88,8 @@ class LLMEngine:
         self._version = 0
         self._next_sequence_id = 0
         self._sequences: dict[str, Sequence] = {}  # in flight, by request id
-        self._finished_at_admission: list[Sequence] = []
+        self._finished_unreported: list[Sequence] = []  # finished outside `step` (at admission, in a drain)
+        self._in_flight: LaunchedStep | None = None  # a decode launched ahead, not yet postprocessed
         self._is_sleeping = False
         self.last_step: StepSummary | None = None
         if self.config.max_num_batched_tokens < self.max_model_len:
@@ -99,7 +123,7 @@ class LLMEngine:
         return self._is_sleeping
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._finished_at_admission)
+        return self.scheduler.has_unfinished() or bool(self._finished_unreported) or self._in_flight is not None
 
     def add_request(self, request: GenerationRequest) -> None:
         """Queues a request; a resumed one continues from its response so far within the original budget."""
@@ -110,7 +134,7 @@ class LLMEngine:
         reason = sequence.stop_reason(self.scheduler.eos_token_ids, self.max_model_len)
         if reason is not None:  # a resumed request that had already finished
             sequence.finish(reason)
-            self._finished_at_admission.append(sequence)
+            self._finished_unreported.append(sequence)
         else:
             self.scheduler.add(sequence)
 
@@ -132,29 +156,64 @@ class LLMEngine:
                              f"({self.kv_capacity_tokens}); lower max_new_tokens or enlarge the cache")
 
     def step(self) -> list[GenerationResult]:
-        """Runs one prefill or decode step; returns the requests that finished in it."""
+        """Runs one prefill or decode step (with async scheduling: completes the step launched ahead by the
+        previous call, after launching the one that follows it); returns the requests that finished."""
         if self._is_sleeping:
             raise RuntimeError("the engine is asleep (KV cache released); call wake() before step()")
-        finished, self._finished_at_admission = self._finished_at_admission, []
-        batch = self.scheduler.schedule()
-        if batch is not None:
-            self.last_step = _summarise(batch)
-            token_ids, log_probs = self.runner.run(batch)
-            finished += self.scheduler.postprocess(batch, token_ids, log_probs, self._version)
+        current, self._in_flight = self._in_flight, None
+        if current is None:
+            batch = self.scheduler.schedule()
+            current = self._launch(batch) if batch is not None else None
+        if current is not None:
+            if self.config.async_scheduling:
+                self._in_flight = self._launch_ahead(current)
+            self._finished_unreported += self._postprocess(current)
+        return self._report_finished()
+
+    def drain(self) -> list[GenerationResult]:
+        """Completes the step in flight, launching nothing more (the device is then idle until the next
+        `step`); returns the requests that finished and were not returned yet."""
+        self._complete_in_flight()
+        return self._report_finished()
+
+    def _launch(self, batch: ScheduledBatch, previous: LaunchedStep | None = None) -> LaunchedStep:
+        self.last_step = _summarise(batch)
+        output = self.runner.launch(batch, previous.output if previous is not None else None)
+        return LaunchedStep(batch, output, self._version)
+
+    def _launch_ahead(self, current: LaunchedStep) -> LaunchedStep | None:
+        batch = self.scheduler.schedule_ahead(current.batch)
+        return self._launch(batch, current) if batch is not None else None
+
+    def _postprocess(self, launched: LaunchedStep) -> list[Sequence]:
+        token_ids, log_probs = launched.output.wait()
+        return self.scheduler.postprocess(launched.batch, token_ids, log_probs, launched.version)
+
+    def _complete_in_flight(self) -> None:
+        """Waits for and postprocesses the step in flight: weights, KV cache and queues are quiet after."""
+        if self._in_flight is not None:
+            launched, self._in_flight = self._in_flight, None
+            self._finished_unreported += self._postprocess(launched)
+
+    def _report_finished(self) -> list[GenerationResult]:
+        finished, self._finished_unreported = self._finished_unreported, []
         return [self._sequences.pop(sequence.request_id).to_result() for sequence in finished]
 
     def warm_up(self) -> None:
         """Captures the CUDA graphs of every decode bucket now rather than on first use."""
+        self._complete_in_flight()
         self.runner.warm_up()
 
     def abort(self, request_ids: Iterable[str] | None = None) -> list[GenerationResult]:
         """Stops the given (all when None) in-flight requests; returns what each generated so far, with
-        finish_reason "abort". Unknown or already finished ids are ignored."""
+        finish_reason "abort" (or their own, for those that finished in the step in flight, which completes
+        first). Unknown or already returned ids are ignored."""
+        self._complete_in_flight()
         selected = None if request_ids is None else set(request_ids)
         aborted = self.scheduler.abort(selected)
-        for sequence in list(self._finished_at_admission):
+        for sequence in list(self._finished_unreported):
             if selected is None or sequence.request_id in selected:
-                self._finished_at_admission.remove(sequence)
+                self._finished_unreported.remove(sequence)
                 aborted.append(sequence)
         return [self._sequences.pop(sequence.request_id).to_result() for sequence in aborted]
 
@@ -167,6 +226,7 @@ class LLMEngine:
         """Runs `load(parameters)`, which writes the weights in place through the given name -> parameter map
         (a weight receiver copying straight from its buckets), and stamps later tokens with `version`. Call
         between steps. Returns what `load` returns (how many tensors it wrote)."""
+        self._complete_in_flight()  # its kernels read the weights being overwritten; its tokens keep the old version
         with torch.no_grad():
             num_copied = load(self.parameters)
         self._version = int(version)
@@ -181,6 +241,7 @@ class LLMEngine:
         """Frees the KV cache for a colocated trainer. Running requests go back to waiting with their tokens
         kept and are recomputed after `wake`."""
         if not self._is_sleeping:
+            self._complete_in_flight()
             self.scheduler.preempt_all()
             self.runner.sleep()
             self._is_sleeping = True
@@ -205,8 +266,11 @@ class LLMEngine:
 
 
 def _summarise(batch: ScheduledBatch) -> StepSummary:
-    rows = [sequence for index, sequence in enumerate(batch.sequences) if batch.leader_indices[index] == index]
-    num_context_tokens = sum(len(sequence) for sequence in rows)
+    if batch.is_prefill:
+        rows = [sequence for index, sequence in enumerate(batch.sequences) if batch.leader_indices[index] == index]
+    else:
+        rows = batch.sequences
+    num_context_tokens = sum(len(sequence.token_ids) for sequence in rows) + batch.lookahead * len(rows)
     num_computed = num_context_tokens if batch.is_prefill else len(rows)
     return StepSummary(batch.is_prefill, batch.num_sequences, num_computed, num_context_tokens)
 

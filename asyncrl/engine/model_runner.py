@@ -1,6 +1,9 @@
 """Runs the model on a scheduled batch: flattened inputs -> forward with paged attention -> logits at each
 sequence's last token -> sampling on the device -> one small device-to-host copy.
 
+`launch` queues all of it without waiting for the device (async scheduling builds and launches the next
+decode meanwhile); `StepOutput.wait` blocks until the sampled tokens are on the host. `run` does both.
+
 On CUDA the model runs in bf16 (by default), decode steps replay CUDA graphs (unless `enforce_eager`),
 decode attention and sampling use the Triton kernels, and the KV cache is sized by profiling; on CPU
 everything is eager torch in fp32.
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,7 +33,7 @@ from asyncrl.engine.kv_cache import (
 )
 from asyncrl.engine.sampler import FusedSampleKernel, Sampler, SamplingInputs
 from asyncrl.engine.scheduler import ScheduledBatch
-from asyncrl.engine.step_inputs import BlockTableCache, StepInputs, build_step_inputs
+from asyncrl.engine.step_inputs import BlockTableCache, SamplingArrayCache, StepInputs, build_step_inputs
 from asyncrl.models.compile import compile_decoder_layers, fuse_projections
 from asyncrl.models.transformer import CausalLM
 
@@ -42,10 +46,34 @@ def load_cuda_kernels() -> tuple[DecodeKernel, FusedSampleKernel]:
     return triton_kernels.paged_decode_attention, triton_kernels.fused_sample
 
 
-def download(token_ids: Tensor, log_probs: Tensor) -> tuple[list[int], list[float]]:
-    """The step's only device-to-host copy: ids and log-prob bit patterns packed into one int32 tensor."""
-    packed = torch.stack([token_ids.to(torch.int32), log_probs.to(torch.float32).view(torch.int32)]).cpu().numpy()
-    return packed[0].tolist(), packed[1].view(np.float32).tolist()
+@dataclass
+class StepOutput:
+    """The sampled tokens of a launched step: on the device (the next decode's input ids) and on their way to
+    the host."""
+
+    token_ids: Tensor  # (S,) int64 on the device
+    packed: Tensor  # (2, S) int32 on the host: ids and log-prob bit patterns (pinned on CUDA)
+    copied: torch.cuda.Event | None  # fires once `packed` holds the values; None on CPU (already there)
+
+    def wait(self) -> tuple[list[int], list[float]]:
+        """Blocks until the copy of this step (and so everything queued before it) is done."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        packed = self.packed.numpy()
+        return packed[0].tolist(), packed[1].view(np.float32).tolist()
+
+
+def start_download(token_ids: Tensor, log_probs: Tensor) -> StepOutput:
+    """The step's only device-to-host copy: ids and log-prob bit patterns packed into one int32 tensor, copied
+    without blocking into pinned memory, so the host can launch the next step before this one ends."""
+    packed = torch.stack([token_ids.to(torch.int32), log_probs.to(torch.float32).view(torch.int32)])
+    if packed.device.type != "cuda":
+        return StepOutput(token_ids, packed, None)
+    host = torch.empty(packed.shape, dtype=torch.int32, pin_memory=True)
+    host.copy_(packed, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return StepOutput(token_ids, host, copied)
 
 
 class ModelRunner:
@@ -69,6 +97,7 @@ class ModelRunner:
         self.kv_cache = KVCache(model.config, self._plan_num_blocks(), self.block_size, config.model_dtype,
                                 self.device)
         self.block_tables_cache = BlockTableCache(self.kv_cache.sink_block)
+        self.sampling_cache = SamplingArrayCache()
         self.graphs: DecodeGraphs | None = None
         if config.use_cuda_graphs:
             max_blocks = -(-max_model_len // self.block_size)
@@ -79,19 +108,22 @@ class ModelRunner:
         """Makes the engine's GPU current: `AsyncEngine` steps in pool threads, whose current device is 0."""
         return torch.cuda.device(self.device) if self.config.is_cuda else contextlib.nullcontext()
 
-    @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[int], list[float]]:
         """Sampled token id and its log-prob for every sequence of `batch`, in order."""
-        with self.device_guard():
-            return self._run(batch)
+        return self.launch(batch).wait()
 
-    def _run(self, batch: ScheduledBatch) -> tuple[list[int], list[float]]:
-        inputs = build_step_inputs(batch, self.block_size, self.block_tables_cache, self.device,
-                                   self._num_splits(batch))
-        hidden = self._forward(inputs)  # (S, hidden) at each sequence's last token
-        logits = self.model.compute_logits(hidden)  # (S, V) fp32
-        token_ids, log_probs = self.sampler(logits, inputs.sampling)
-        return download(token_ids, log_probs)
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, previous: StepOutput | None = None) -> StepOutput:
+        """Queues the step on the device and returns without waiting for it. A decode scheduled ahead
+        (`batch.source_rows`) takes its input ids from `previous`, the step launched before it."""
+        with self.device_guard():
+            inputs = build_step_inputs(batch, self.block_size, self.block_tables_cache, self.sampling_cache,
+                                       self.device, self._num_splits(batch),
+                                       previous.token_ids if previous is not None else None)
+            hidden = self._forward(inputs)  # (S, hidden) at each sequence's last token
+            logits = self.model.compute_logits(hidden)  # (S, V) fp32
+            token_ids, log_probs = self.sampler(logits, inputs.sampling)
+            return start_download(token_ids, log_probs)
 
     def _num_splits(self, batch: ScheduledBatch) -> int:
         if self.graphs is not None:

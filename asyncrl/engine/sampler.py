@@ -56,12 +56,22 @@ def mix_32(values: IntArray) -> IntArray:
     return values ^ (values >> 16)
 
 
-def row_keys(seeds: IntArray, positions: IntArray) -> IntArray:
-    """One 32-bit key per (seed, response position): seeds (S,) int64 in [0, 2**63), positions (S,) -> (S,)."""
+def seed_keys(seeds: IntArray) -> IntArray:
+    """The position-free half of `row_keys`: seeds (S,) int64 in [0, 2**63) -> (S,) 32-bit keys. The engine
+    keeps it while a decode batch stays the same, hashing only the positions each step."""
     seed_low = seeds & MASK32
     seed_high = (seeds >> 32) & MASK32
-    key = mix_32(mix_32(seed_low ^ SEED_SALT) ^ seed_high)
-    return mix_32(key ^ mix_32((positions + POSITION_SALT) & MASK32))
+    return mix_32(mix_32(seed_low ^ SEED_SALT) ^ seed_high)
+
+
+def position_keys(keys_of_seeds: IntArray, positions: IntArray) -> IntArray:
+    """row_keys from seed_keys(seeds) (S,) and response positions (S,)."""
+    return mix_32(keys_of_seeds ^ mix_32((positions + POSITION_SALT) & MASK32))
+
+
+def row_keys(seeds: IntArray, positions: IntArray) -> IntArray:
+    """One 32-bit key per (seed, response position): seeds (S,) int64 in [0, 2**63), positions (S,) -> (S,)."""
+    return position_keys(seed_keys(seeds), positions)
 
 
 def uniform_noise(keys: Tensor, vocab_ids: Tensor) -> Tensor:

@@ -11,6 +11,10 @@ Each step is a prefill or a decode:
 - decode: one new token for every running sequence. When no block is free for a sequence's next token,
   the most recently admitted sequence is preempted by recompute: its blocks are freed and it goes back to
   the front of the waiting queue with its generated tokens kept.
+- decode ahead (async scheduling): the decode after a decode whose tokens are still on the device, for the
+  same sequences, when it cannot differ from what `schedule` would pick once those tokens are known: nothing
+  waits for admission and every sequence gets its next block without preemption. Sequences that will
+  finish by length are left out; one that stops on a sampled stop token computes one wasted token.
 """
 
 from __future__ import annotations
@@ -31,6 +35,14 @@ class ScheduledBatch:
     sequences: list[Sequence]
     leader_indices: list[int]
     is_prefill: bool
+    # A decode scheduled ahead: the row in the previous batch of each sequence, whose sampled token (still on
+    # the device) is its input; its tokens so far lack that token, so it computes position len(sequence).
+    source_rows: list[int] | None = None
+
+    @property
+    def lookahead(self) -> int:
+        """Tokens each sequence holds beyond `len(sequence)` when this batch runs: 1 for a decode ahead."""
+        return 0 if self.source_rows is None else 1
 
     @property
     def num_sequences(self) -> int:
@@ -111,6 +123,23 @@ class Scheduler:
         self.running.extendleft(reversed(scheduled))
         return ScheduledBatch(scheduled, list(range(len(scheduled))), is_prefill=False)
 
+    def schedule_ahead(self, batch: ScheduledBatch) -> ScheduledBatch | None:
+        """The decode after `batch`, a launched decode not yet postprocessed, or None when it depends on
+        `batch`'s tokens: sequences are waiting (admission comes first) or blocks would run short (preemption
+        decides). Takes the blocks of the positions it writes."""
+        if batch.is_prefill or self.waiting:
+            return None
+        rows = [row for row, sequence in enumerate(batch.sequences) if sequence.status is SequenceStatus.RUNNING
+                and len(sequence.token_ids) + 1 < sequence.length_limit(self.max_model_len)]
+        sequences = [batch.sequences[row] for row in rows]
+        # The others write into the last block they already wrote to in `batch`, which they own alone.
+        crossing = [sequence for sequence in sequences if self.block_manager.needs_new_block(sequence, lookahead=1)]
+        if not sequences or len(crossing) > self.block_manager.num_free_blocks:
+            return None
+        for sequence in crossing:
+            self.block_manager.append_slot(sequence, lookahead=1)
+        return ScheduledBatch(sequences, list(range(len(sequences))), is_prefill=False, source_rows=rows)
+
     def _preempt(self, sequence: Sequence) -> None:
         self.block_manager.free(sequence)
         sequence.status = SequenceStatus.WAITING
@@ -125,9 +154,12 @@ class Scheduler:
 
     def postprocess(self, batch: ScheduledBatch, token_ids: list[int], log_probs: list[float],
                     version: int) -> list[Sequence]:
-        """Appends each sampled token; returns the sequences that finished (their blocks are freed)."""
+        """Appends each sampled token; returns the sequences that finished (their blocks are freed). A
+        sequence that finished in the previous step (a decode ahead ran it once more) drops its token."""
         finished = []
         for sequence, token_id, log_prob in zip(batch.sequences, token_ids, log_probs):
+            if sequence.status is not SequenceStatus.RUNNING:
+                continue
             sequence.append_token(token_id, log_prob, version)
             reason = sequence.stop_reason(self.eos_token_ids, self.max_model_len)
             if reason is not None:

@@ -43,6 +43,9 @@ class Sequence:
         self.params: SamplingParams = request.params
         self.seed = request.params.seed if request.params.seed is not None else derive_seed(request.request_id)
         self.num_prompt_tokens = int(request.prompt_ids.size)
+        # Both read by `stop_reason` after every sampled token: precomputed, not rebuilt from params each time.
+        self.stop_token_ids = frozenset(request.params.stop_token_ids)
+        self.max_num_tokens = self.num_prompt_tokens + request.params.max_new_tokens
         self.token_ids: list[int] = request.prompt_ids.tolist() + request.response_ids.tolist()
         self.response_log_probs: list[float] = request.response_log_probs.tolist()
         self.response_versions: list[int] = request.response_versions.tolist()
@@ -96,13 +99,18 @@ class Sequence:
 
     def stop_reason(self, eos_token_ids: frozenset[int], max_model_len: int) -> str | None:
         """"stop", "length" or None (keep going), judged on the tokens so far."""
-        if self.num_response_tokens > 0:
+        num_tokens = len(self.token_ids)
+        if num_tokens > self.num_prompt_tokens:
             last = self.token_ids[-1]
-            if last in self.params.stop_token_ids or (last in eos_token_ids and not self.params.ignore_eos):
+            if last in self.stop_token_ids or (last in eos_token_ids and not self.params.ignore_eos):
                 return "stop"
-        if self.num_response_tokens >= self.params.max_new_tokens or len(self.token_ids) >= max_model_len:
+        if num_tokens >= self.max_num_tokens or num_tokens >= max_model_len:
             return "length"
         return None
+
+    def length_limit(self, max_model_len: int) -> int:
+        """The token count (prompt + response) at which the sequence finishes with "length"."""
+        return min(self.max_num_tokens, max_model_len)
 
     def finish(self, reason: str) -> None:
         self.status = SequenceStatus.FINISHED

@@ -2,7 +2,8 @@
 
 A prefill computes each group leader's tokens once (rows = leaders); a follower reuses the leader's last
 hidden state for its first sample and receives the prompt's tail KV in its private last block through
-extra (row, slot) writes. A decode computes one token per sequence (rows = sequences).
+extra (row, slot) writes. A decode computes one token per sequence (rows = sequences). A decode scheduled
+ahead takes its input ids from the previous step's sampled tokens on the device, never from the host.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.engine.attention import AttentionMetadata
-from asyncrl.engine.sampler import SamplingInputs, row_keys
+from asyncrl.engine.sampler import SamplingInputs, position_keys, seed_keys
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.sequence import Sequence
 
@@ -75,12 +76,44 @@ class BlockTableCache:
         return self.tables[:, :width]
 
 
+class SamplingArrayCache:
+    """The previous batch's per-sequence sampling constants (temperature, top-k, top-p, the seed half of the
+    noise key, prompt length), reused while a batch holds the same sequences in the same order, as decode
+    steps do between admissions and finishes: only the response positions are hashed anew each step."""
+
+    def __init__(self) -> None:
+        self.sequences: list[Sequence] = []
+        self.constants: dict[str, np.ndarray] = {}
+
+    def build(self, sequences: list[Sequence], num_tokens: np.ndarray) -> dict[str, np.ndarray]:
+        """Sampling arrays (S,) of `sequences` holding `num_tokens` (S,) tokens each when sampling."""
+        if sequences != self.sequences:  # a list comparison by identity: ~2 µs for 256 sequences
+            self.sequences = list(sequences)
+            self.constants = {
+                "temperatures": np.asarray([s.params.temperature for s in sequences], dtype=np.float32),
+                "top_k": np.asarray([s.params.top_k for s in sequences], dtype=np.int64),
+                "top_p": np.asarray([s.params.top_p for s in sequences], dtype=np.float32),
+                "seed_keys": seed_keys(np.asarray([s.seed for s in sequences], dtype=np.int64)),
+                "num_prompt_tokens": np.asarray([s.num_prompt_tokens for s in sequences], dtype=np.int64),
+            }
+        constants = self.constants
+        return {"temperatures": constants["temperatures"], "top_k": constants["top_k"], "top_p": constants["top_p"],
+                "keys": position_keys(constants["seed_keys"], num_tokens - constants["num_prompt_tokens"])}
+
+
 def _upload(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, Tensor]:
     """One host-to-device copy for all arrays (each copy costs a fixed latency): every array travels as
     int64 (float32 as its bit pattern) and gets its dtype back on the device."""
-    flat = [(array.view(np.int32) if array.dtype == np.float32 else array).astype(np.int64).ravel()
+    flat = [(array.view(np.int32) if array.dtype == np.float32 else array).astype(np.int64, copy=False).ravel()
             for array in arrays.values()]
-    buffer = torch.from_numpy(np.concatenate(flat)).to(device)
+    if device.type == "cuda":
+        # Pinned and non-blocking: a copy from pageable memory waits until the device is idle, which would
+        # serialise building the next step with the GPU running the current one (async scheduling).
+        staging = torch.empty(sum(part.size for part in flat), dtype=torch.int64, pin_memory=True)
+        np.concatenate(flat, out=staging.numpy())
+        buffer = staging.to(device, non_blocking=True)
+    else:
+        buffer = torch.from_numpy(np.concatenate(flat))
     tensors, offset = {}, 0
     for (name, array), part in zip(arrays.items(), flat):
         tensor = buffer[offset:offset + part.size].view(array.shape)
@@ -91,16 +124,6 @@ def _upload(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, Te
             tensor = tensor.to(torch.int32)
         tensors[name] = tensor
     return tensors
-
-
-def _sampling_arrays(sequences: list[Sequence]) -> dict[str, np.ndarray]:
-    return {
-        "temperatures": np.asarray([s.params.temperature for s in sequences], dtype=np.float32),
-        "top_k": np.asarray([s.params.top_k for s in sequences], dtype=np.int64),
-        "top_p": np.asarray([s.params.top_p for s in sequences], dtype=np.float32),
-        "keys": row_keys(np.asarray([s.seed for s in sequences], dtype=np.int64),
-                         np.asarray([s.num_response_tokens for s in sequences], dtype=np.int64)),
-    }
 
 
 def _prefill_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> dict[str, np.ndarray]:
@@ -137,30 +160,51 @@ def _prefill_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> 
 def _decode_arrays(batch: ScheduledBatch, block_size: int, block_tables_cache: BlockTableCache
                    ) -> dict[str, np.ndarray]:
     sequences = batch.sequences
-    positions = np.asarray([len(s) - 1 for s in sequences], dtype=np.int64)
+    num_sequences = len(sequences)
+    # Position of the token each row computes: the last known one, or for a decode ahead the one sampled by
+    # the previous step (not yet appended on the host).
+    positions = np.fromiter((len(s.token_ids) for s in sequences), dtype=np.int64, count=num_sequences)
+    positions += batch.lookahead - 1
     block_tables = block_tables_cache.build(sequences)  # (S, W)
-    current_blocks = block_tables[np.arange(len(sequences)), positions // block_size].astype(np.int64)
+    current_blocks = block_tables[np.arange(num_sequences), positions // block_size].astype(np.int64)
+    if batch.source_rows is None:
+        token_source = {"input_ids": np.fromiter((s.token_ids[-1] for s in sequences), dtype=np.int64,
+                                                 count=num_sequences)}
+    else:
+        token_source = {"source_rows": np.asarray(batch.source_rows, dtype=np.int64)}
     return {
-        "input_ids": np.asarray([s.last_token_id for s in sequences], dtype=np.int64),
+        **token_source,
         "positions": positions,
         "write_slots": current_blocks * block_size + positions % block_size,
         "block_tables": block_tables,
         "context_lens": (positions + 1).astype(np.int32),
-        "query_lens": np.ones(len(sequences), dtype=np.int64),
-        "query_token_indices": np.arange(len(sequences), dtype=np.int64),
-        "last_token_indices": np.arange(len(sequences), dtype=np.int64),
+        "query_lens": np.ones(num_sequences, dtype=np.int64),
+        "query_token_indices": np.arange(num_sequences, dtype=np.int64),
+        "last_token_indices": np.arange(num_sequences, dtype=np.int64),
     }
 
 
 def build_step_inputs(batch: ScheduledBatch, block_size: int, block_tables_cache: BlockTableCache,
-                      device: torch.device, num_splits: int = 1) -> StepInputs:
-    """The device inputs of `batch`; `num_splits` is the decode kernel's context split count."""
+                      sampling_cache: SamplingArrayCache, device: torch.device, num_splits: int = 1,
+                      previous_token_ids: Tensor | None = None) -> StepInputs:
+    """The device inputs of `batch`; `num_splits` is the decode kernel's context split count. A decode
+    ahead (`batch.source_rows`) reads its input ids from `previous_token_ids` (S_prev,), the previous step's
+    sampled tokens on the device."""
     if batch.is_prefill:
         arrays = _prefill_arrays(batch, block_size, block_tables_cache.sink_block)
+        num_tokens = np.fromiter((len(s.token_ids) for s in batch.sequences), dtype=np.int64,
+                                 count=batch.num_sequences)
     else:
         arrays = _decode_arrays(batch, block_size, block_tables_cache)
-    sampling_arrays = _sampling_arrays(batch.sequences)
+        num_tokens = arrays["positions"] + 1
+    sampling_arrays = sampling_cache.build(batch.sequences, num_tokens)
     tensors = _upload({**arrays, **sampling_arrays}, device)
+    if batch.source_rows is None:
+        input_ids = tensors["input_ids"]
+    elif previous_token_ids is None:
+        raise ValueError("a decode scheduled ahead needs the previous step's sampled token ids")
+    else:
+        input_ids = previous_token_ids[tensors["source_rows"]]
     attention = AttentionMetadata(
         write_slots=tensors["write_slots"], write_rows=tensors["write_rows"] if batch.is_prefill else None,
         block_tables=tensors["block_tables"], context_lens=tensors["context_lens"],
@@ -171,5 +215,5 @@ def build_step_inputs(batch: ScheduledBatch, block_size: int, block_tables_cache
         temperatures=tensors["temperatures"], top_k=tensors["top_k"], top_p=tensors["top_p"], keys=tensors["keys"],
         max_top_k=max(int(sampling_arrays["top_k"].max()), 0),
         use_top_p=bool((sampling_arrays["top_p"] < 1.0).any()))
-    return StepInputs(tensors["input_ids"], tensors["positions"], attention, tensors["last_token_indices"],
+    return StepInputs(input_ids, tensors["positions"], attention, tensors["last_token_indices"],
                       sampling, is_decode=not batch.is_prefill)
