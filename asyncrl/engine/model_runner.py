@@ -121,7 +121,9 @@ class ModelRunner:
                                        self.device, self._num_splits(batch),
                                        previous.token_ids if previous is not None else None)
             hidden = self._forward(inputs)  # (S, hidden) at each sequence's last token
-            logits = self.model.compute_logits(hidden)  # (S, V) fp32
+            # In the model dtype: the fused sampler widens bf16 in registers (a float32 copy of (S, V) logits
+            # would cost more than the sampling itself); the torch paths widen first.
+            logits = self.model.lm_head(hidden)  # (S, V)
             token_ids, log_probs = self.sampler(logits, inputs.sampling)
             return start_download(token_ids, log_probs)
 

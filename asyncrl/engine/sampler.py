@@ -143,11 +143,12 @@ class Sampler:
         self.fused_kernel = fused_kernel
 
     def __call__(self, logits: Tensor, inputs: SamplingInputs) -> tuple[Tensor, Tensor]:
-        """logits (S, V) fp32 -> token ids (S,) int64, log-probs (S,) fp32."""
+        """logits (S, V) in the model dtype -> token ids (S,) int64, log-probs (S,) fp32 (computed from the
+        logits widened to fp32, which is exact, on every path)."""
         if inputs.max_top_k > 0 or inputs.use_top_p:
-            thresholds = truncation_thresholds(logits, inputs)
+            thresholds = truncation_thresholds(logits.float(), inputs)
         else:
             thresholds = torch.full_like(inputs.temperatures, float("-inf"))
         if self.fused_kernel is not None:
             return self.fused_kernel(logits, inputs.temperatures, thresholds, inputs.keys)
-        return sample_reference(logits, inputs.temperatures, thresholds, inputs.keys)
+        return sample_reference(logits.float(), inputs.temperatures, thresholds, inputs.keys)
