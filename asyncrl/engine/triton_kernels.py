@@ -106,7 +106,8 @@ def _merge_splits_kernel(
 
 
 def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-                           context_lens: Tensor, num_splits: int = 1, tile: int = 64) -> Tensor:
+                           context_lens: Tensor, num_splits: int = 1, tile: int = 64, num_warps: int = 4,
+                           num_stages: int = 3) -> Tensor:
     """query (S, Hq, D) of each sequence's newest token; key/value caches (num_blocks, block_size, Hkv, D);
     block_tables (S, W) int32; context_lens (S,) int32 (>= 1) -> (S, Hq, D) in the query's dtype.
     `num_splits` divides each context among that many programs (more parallelism for small batches)."""
@@ -132,6 +133,7 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
         GROUP_PAD=max(MIN_DOT_SIZE, triton.next_power_of_2(group_size)),
         HEAD_DIM=head_dim, HEAD_PAD=head_pad, BLOCK_SIZE=block_size, TILE=max(MIN_DOT_SIZE, tile),
         NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_sequences, num_heads)](

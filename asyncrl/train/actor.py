@@ -80,7 +80,7 @@ class PolicyTrainer:
         log_probs, entropy = response_log_probs(self.model, micro, spec.temperature, with_entropy=True)
         mask = micro.response_mask
         is_weights = micro.rollout_is_weights
-        local_tokens = float(mask.sum())
+        local_tokens = mask.sum()  # a device tensor: metrics stay on the device until the update ends
         if spec.bypass_is_level or spec.bypass_rs_level:
             is_weights, mask, correction_metrics = compute_bypass_correction(
                 log_probs, micro.need("rollout_log_probs", "bypass correction"), mask,
@@ -96,19 +96,19 @@ class PolicyTrainer:
             clip_cov_ratio=spec.clip_cov_ratio, clip_cov_lb=spec.clip_cov_lb, clip_cov_ub=spec.clip_cov_ub,
             kl_cov_ratio=spec.kl_cov_ratio, ppo_kl_coef=spec.ppo_kl_coef, loss_agg_mode=spec.loss_agg_mode,
             **counts)
-        sums.add("pg_loss", float(pg_loss.detach()))
+        sums.add("pg_loss", pg_loss)
         for name in LOSS_TOKEN_METRICS:
             if name in pg_metrics:
                 sums.add_token_mean(name, pg_metrics[name], local_tokens)
         loss = pg_loss
         entropy_loss = aggregate_loss(entropy, mask, spec.loss_agg_mode, **counts)
-        sums.add("entropy", float(entropy_loss.detach()))
+        sums.add("entropy", entropy_loss)
         if spec.entropy_coeff:
             loss = loss - spec.entropy_coeff * entropy_loss
         if spec.use_kl_loss:
             kl = kl_penalty(spec.kl_loss_type, log_probs, micro.need("ref_log_probs", "update_actor (KL loss)"))
             kl_loss = aggregate_loss(kl, mask, spec.loss_agg_mode, **counts)
-            sums.add("kl_loss", float(kl_loss.detach()))
+            sums.add("kl_loss", kl_loss)
             loss = loss + spec.kl_loss_coef * kl_loss
         return loss
 

@@ -158,8 +158,9 @@ class TrainBatch:
         return cls(**values)
 
     def to(self, device: torch.device | str) -> "TrainBatch":
-        return TrainBatch(**{field.name: None if getattr(self, field.name) is None else getattr(self, field.name).to(device)
-                             for field in dataclasses.fields(self)})
+        device = torch.device(device)
+        values = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        return TrainBatch(**{name: None if value is None else _move(value, device) for name, value in values.items()})
 
     def to_numpy(self) -> dict[str, np.ndarray]:
         return {field.name: getattr(self, field.name).cpu().numpy() for field in dataclasses.fields(self)
@@ -169,6 +170,14 @@ class TrainBatch:
     def from_numpy(cls, arrays: dict[str, np.ndarray]) -> "TrainBatch":
         # A copy: arrays from Ray are read-only views of its object store.
         return cls(**{name: torch.from_numpy(np.array(array)) for name, array in arrays.items()})
+
+
+def _move(tensor: Tensor, device: torch.device) -> Tensor:
+    """Host to GPU through pinned memory, without waiting: a copy from pageable memory first waits for every
+    kernel already queued (the previous micro-batch's backward), which would stall the host each micro-batch."""
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def pad_columns(tensor: Tensor, width: int) -> Tensor:

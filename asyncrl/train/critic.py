@@ -65,8 +65,8 @@ class CriticTrainer:
                 loss_agg_mode=spec.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                 norm_length=spec.norm_length)
             (loss * world_size()).backward()
-            sums.add("vf_loss", float(loss.detach()))
-            sums.add_token_mean("vf_clipfrac", loss_metrics["vf_clipfrac"], float(micro.response_mask.sum()))
+            sums.add("vf_loss", loss)
+            sums.add_token_mean("vf_clipfrac", loss_metrics["vf_clipfrac"], micro.response_mask.sum())
         grad_norm = clip_gradients(self.model, spec.grad_clip)
         sums.add_step_value("grad_norm", grad_norm)
         self.guard.step(self.optimizer, grad_norm)

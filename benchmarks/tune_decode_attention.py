@@ -1,0 +1,70 @@
+"""Sweep the paged decode kernel's launch parameters on one decode step's shapes and report KV bandwidth.
+
+    python benchmarks/tune_decode_attention.py --model qwen2.5-0.5b --batch 256 --context 1044
+Each configuration is timed with CUDA events over 50 launches after a warm-up; bandwidth counts the K and V
+bytes every program must read (the step's floor), so it compares directly with the device's 4.8 TB/s.
+"""
+
+import argparse
+import itertools
+
+import torch
+
+from asyncrl.bench.models import qwen2_config
+from asyncrl.engine.triton_kernels import paged_decode_attention
+
+
+def time_ms(function, repeats: int = 50) -> float:
+    function()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        function()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / repeats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="qwen2.5-0.5b")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--context", type=int, default=1044)
+    parser.add_argument("--block-size", type=int, default=16)
+    options = parser.parse_args()
+    config = qwen2_config(options.model)
+    heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    blocks_per_sequence = -(-options.context // options.block_size)
+    num_blocks = options.batch * blocks_per_sequence
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    shape = (num_blocks, options.block_size, kv_heads, dim)
+    key_cache = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+    value_cache = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+    # Shuffled blocks, as a long-running cache hands them out.
+    tables = torch.randperm(num_blocks, device="cuda", generator=generator).view(options.batch, -1).to(torch.int32)
+    lengths = torch.full((options.batch,), options.context, device="cuda", dtype=torch.int32)
+    query = torch.randn((options.batch, heads, dim), device="cuda", dtype=torch.bfloat16, generator=generator)
+    kv_bytes = 2 * options.batch * options.context * kv_heads * dim * 2
+    print(f"{options.model}: batch {options.batch}, context {options.context}, KV read {kv_bytes / 1e6:.0f} MB")
+    reference = paged_decode_attention(query, key_cache, value_cache, tables, lengths)
+    results = []
+    for splits, tile, warps, stages in itertools.product((1, 2), (32, 64, 128), (2, 4), (2, 3, 4)):
+        def run():
+            return paged_decode_attention(query, key_cache, value_cache, tables, lengths, splits, tile, warps, stages)
+        try:
+            error = (run().float() - reference.float()).abs().max().item()
+            milliseconds = time_ms(run)
+        except Exception as exception:  # a configuration the compiler rejects (e.g. shared memory)
+            print(f"splits {splits} tile {tile} warps {warps} stages {stages}: {type(exception).__name__}")
+            continue
+        results.append((milliseconds, splits, tile, warps, stages, error))
+    for milliseconds, splits, tile, warps, stages, error in sorted(results)[:12]:
+        print(f"splits {splits} tile {tile:3d} warps {warps} stages {stages}: {milliseconds * 1e3:6.1f} us "
+              f"{kv_bytes / milliseconds / 1e9:5.2f} TB/s (max diff {error:.1e})")
+    default = next(r for r in results if r[1:5] == (1, 64, 4, 3))
+    print(f"current default (splits 1, tile 64, warps 4, stages 3): {default[0] * 1e3:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
