@@ -24,7 +24,7 @@ from asyncrl.train.metric_sums import MetricSums
 from asyncrl.train.nonfinite import NonFiniteGuard
 from asyncrl.train.micro_batches import micro_batches
 from asyncrl.train.mini_batches import mini_batch_plan
-from asyncrl.train.parallel import all_reduce_sum, clip_gradients, local_shard, world_size
+from asyncrl.train.parallel import all_reduce_sum, clip_gradients, local_shard, reshard_all, world_size
 from asyncrl.train.update_spec import PolicyUpdateSpec
 
 # Token-mean metrics of the policy losses and rollout correction, reduced over tokens of all ranks.
@@ -114,12 +114,14 @@ class PolicyTrainer:
 
     def snapshot(self) -> None:
         """Copy this rank's parameter shards to host memory (the proximal policy of decoupled mode)."""
+        reshard_all(self.model)
         self.snapshot_tensors = [local_shard(p).detach().to("cpu", copy=True) for p in self.model.parameters()]
 
     def swap_snapshot(self) -> None:
         """Exchange the live parameters with the snapshot (call twice to come back)."""
         if self.snapshot_tensors is None:
             raise RuntimeError("swap_snapshot called before snapshot")
+        reshard_all(self.model)
         with torch.no_grad():
             for parameter, saved in zip(self.model.parameters(), self.snapshot_tensors):
                 live = local_shard(parameter)

@@ -60,6 +60,16 @@ def reshard_without_grad(layer: FSDPModule, inputs: object, output: object) -> N
         layer.reshard()
 
 
+def reshard_all(model: nn.Module) -> None:
+    """Frees every gathered copy, so `model.parameters()` are the sharded fp32 masters again. After a forward
+    FSDP may still hold some units gathered (the root, whose LM head runs after `model(...)` returns; layers
+    kept for backward on one rank), and while gathered a unit's registered parameters ARE the copies: a write
+    to them would miss the masters and be undone at the next reshard."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def full_tensor(tensor: Tensor) -> Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 

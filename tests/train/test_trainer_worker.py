@@ -10,6 +10,7 @@ import torch
 from asyncrl.models import build_tiny_model, load_model
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch, TrainerWorker, shard_batch
 from asyncrl.train.forward import dense_positions
+from asyncrl.train.parallel import reshard_all
 
 from .helpers import make_batch, run_in_processes, trainer_config
 
@@ -192,3 +193,34 @@ def test_weight_sync_gather_per_unit_equals_per_tensor_gather(model_path, world_
     for same_order, same_values, grad_norm in run_in_processes(sync_tensors_against_full, world_size, model_path):
         assert same_order and same_values
         assert grad_norm > 0
+
+
+def snapshot_round_trip(rank, world_size, port, model_path):
+    """Trains one update, then runs log-probs under the snapshot (decoupled mode's proximal policy) and swaps
+    back: returns (live weights before, live weights after, log-probs before training, under the snapshot)."""
+    worker = TrainerWorker(trainer_config(model_path, "actor.optim.lr=1e-2"), rank, world_size, "127.0.0.1", port,
+                           total_training_steps=10)
+    batch = make_batch()
+    spec = PolicyUpdateSpec.from_config(worker.config, batch.num_rows, step=0)
+    shards, _ = shard_batch(batch, world_size, spec.num_mini_batches)
+    initial_log_probs, _ = worker.compute_log_prob(shards[rank])
+    worker.actor.snapshot()
+    worker.update_actor(shards[rank], spec)
+    reshard_all(worker.actor.model)
+    live_before = worker.policy_state_numpy()
+    worker.actor.swap_snapshot()
+    snapshot_log_probs, _ = worker.compute_log_prob(shards[rank])  # leaves the root gathered for the swap back
+    worker.actor.swap_snapshot()
+    reshard_all(worker.actor.model)  # what the next weight sync or optimizer step sees
+    return live_before, worker.policy_state_numpy(), initial_log_probs.numpy(), snapshot_log_probs.numpy()
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_snapshot_swap_computes_with_the_snapshot_and_restores_every_live_weight(model_path, world_size):
+    """The swap back comes right after a forward that left FSDP's root unit gathered (embeddings, final norm,
+    head): it must reach the fp32 masters, not the gathered copies, or the next reshard brings back the
+    snapshot's weights and the update is silently lost."""
+    for live_before, live_after, initial_log_probs, snapshot_log_probs in run_in_processes(
+            snapshot_round_trip, world_size, model_path):
+        assert all(np.array_equal(live_before[name], live_after[name]) for name in live_before)
+        assert np.allclose(snapshot_log_probs, initial_log_probs, atol=1e-6)
