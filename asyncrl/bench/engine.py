@@ -76,12 +76,19 @@ def measure_engine(engine: LLMEngine, requests: list[GenerationRequest], device:
     for item in requests:
         engine.add_request(item)
     decode_seconds, num_decode_steps, num_decode_tokens, num_context_tokens, num_generated = 0.0, 0, 0, 0, 0
+    prefill_seconds, num_prefill_steps, num_prefill_tokens = 0.0, 0, 0
     start = time.perf_counter()
     while engine.has_unfinished():
         step_start = time.perf_counter()
         num_generated += sum(result.num_response_tokens for result in engine.step())
         summary = engine.last_step
-        if summary is not None and not summary.is_prefill:
+        if summary is None:
+            continue
+        if summary.is_prefill:
+            prefill_seconds += time.perf_counter() - step_start
+            num_prefill_steps += 1
+            num_prefill_tokens += summary.num_computed_tokens
+        else:
             decode_seconds += time.perf_counter() - step_start
             num_decode_steps += 1
             num_decode_tokens += summary.num_sequences
@@ -89,6 +96,8 @@ def measure_engine(engine: LLMEngine, requests: list[GenerationRequest], device:
     _synchronize(device)
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "generated_tokens": num_generated, "tokens_per_s": num_generated / seconds,
+            "prefill_seconds": prefill_seconds, "num_prefill_steps": num_prefill_steps,
+            "prefill_tokens_per_s": num_prefill_tokens / max(prefill_seconds, 1e-9),
             "decode_seconds": decode_seconds, "num_decode_steps": num_decode_steps,
             "decode_tokens_per_s": num_decode_tokens / max(decode_seconds, 1e-9),
             "mean_decode_batch": num_decode_tokens / max(num_decode_steps, 1),
@@ -208,6 +217,8 @@ def print_table(result: dict) -> None:
         ("generated tokens", ours["generated_tokens"], theirs and theirs["generated_tokens"]),
         ("wall time (s)", ours["seconds"], theirs and theirs["seconds"]),
         ("tokens/s", ours["tokens_per_s"], theirs and theirs["tokens_per_s"]),
+        ("prefill tokens/s", ours["prefill_tokens_per_s"], None),
+        ("prefill steps (s)", ours["prefill_seconds"], None),
         ("decode tokens/s", ours["decode_tokens_per_s"], None),
         ("mean decode batch", ours["mean_decode_batch"], None),
         ("decode roofline fraction", ours["roofline"]["fraction_of_roofline"], None),

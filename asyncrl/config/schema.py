@@ -74,7 +74,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = option(
         0.5, "fraction of device memory the engine may take on GPU, weights included", gt=0.0, le=1.0)
     cpu_kv_cache_mb: int = option(256, "KV-cache byte budget of the engine on CPU, in MiB", gt=0)
-    enforce_eager: bool = option(False, "disable CUDA graphs for the decode step")
+    enforce_eager: bool = option(False, "disable CUDA graphs and torch.compile in the engine (eager decode steps)")
     n_gpus_per_node: int = option(1, "rollout devices per node in separated modes (CPU slots on CPU)", gt=0)
     max_replica_restarts: int = option(3, "times Ray restarts a rollout replica that died (fully_async then "
                                           "re-syncs its weights and re-queues its requests)", ge=0)

@@ -94,6 +94,7 @@ def iter_unit_tensors(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     unit: consume (copy) it before asking for the next. On a single rank the shards are whole: they are
     handed out as they are (master dtype), with no gather at all."""
     if is_unsharded(model):
+        reshard_all(model)  # the masters, not gathered copies a later reshard would free
         yield from ((name, local_shard(parameter).detach()) for name, parameter in model.named_parameters())
         return
     units = [(prefix + ".", module) for prefix, module in model.named_modules()
