@@ -68,7 +68,7 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
     def forward(ctx, hidden: Tensor, weight: Tensor, target_ids: Tensor, temperature: float, chunk_size: int,
                 with_entropy: bool, compiled: bool):
         num_tokens = hidden.shape[0]
-        softmax_dtype = torch.promote_types(hidden.dtype, torch.float32)
+        softmax_dtype = _softmax_dtype(hidden.dtype)
         log_probs = torch.empty(num_tokens, dtype=softmax_dtype, device=hidden.device)
         entropy = torch.empty(num_tokens, dtype=softmax_dtype, device=hidden.device) if with_entropy else None
         statistics = _compiled_statistics if compiled else chunk_statistics
@@ -96,11 +96,10 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
         needs_hidden, needs_weight = ctx.needs_input_grad[:2]
         num_tokens = hidden.shape[0]
         if grad_log_probs is None:  # only the entropy reaches the loss
-            grad_log_probs = torch.zeros(num_tokens, dtype=torch.promote_types(hidden.dtype, torch.float32),
-                                         device=hidden.device)
+            grad_log_probs = torch.zeros(num_tokens, dtype=_softmax_dtype(hidden.dtype), device=hidden.device)
         grad_hidden = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if needs_hidden else None
         # Always a tensor (zeros without tokens): under FSDP every rank must reduce the same set of gradients.
-        grad_weight = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32),
+        grad_weight = torch.zeros(weight.shape, dtype=_softmax_dtype(weight.dtype),
                                   device=weight.device) if needs_weight else None
         gradient = _compiled_grad_logits if ctx.compiled else chunk_grad_logits
         for start in range(0, num_tokens, ctx.chunk_size):
@@ -122,6 +121,7 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
 
 
 def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """At least float32: float32 for bf16/fp16/fp32 inputs, float64 for float64."""
     return torch.promote_types(dtype, torch.float32)
 
 

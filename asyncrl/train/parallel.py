@@ -53,9 +53,9 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | N
 
 
 def reshard_without_grad(layer: FSDPModule, inputs: object, output: object) -> None:
-    """After a forward without autograd (log-probs), reshard the layer at once: no backward will. While it
-    is gathered, FSDP registers the gathered copy as the layer's parameters, so a write to them (the
-    snapshot swap of decoupled mode) would miss the fp32 master and be lost at the next reshard."""
+    """After a forward without autograd (log-probs), reshard the layer at once: no backward will free its
+    gathered copy, which would otherwise stay allocated until the next training step. (Code that writes or
+    lists the masters calls `reshard_all` first, which also covers the root unit.)"""
     if not torch.is_grad_enabled():
         layer.reshard()
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import pytest
 import torch
 
+from asyncrl.bench.trainer_ranks import free_port
 from asyncrl.distributed.weight_transport import ALIGNMENT, TransferPlan, WeightReceiver, WeightSender, create_group
 
 SHAPES = [("embed", (10, 8)), ("big", (40, 9)), ("bias", (3,)), ("last", (5, 5))]  # bf16: 160, 720, 6, 50 bytes
@@ -36,12 +36,6 @@ def test_a_small_model_sends_only_its_bytes_not_whole_buckets():
     last = max(plan.pieces, key=lambda piece: piece.offset)
     assert plan.bucket_sizes == (last.offset + last.stop,)
     assert plan.bucket_sizes[0] < 4096
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["streamed", "persistent"])

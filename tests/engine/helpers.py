@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from asyncrl.engine import EngineConfig, GenerationRequest, GenerationResult, LLMEngine, SamplingParams
+from asyncrl.engine.cuda_graph import DecodeGraphs
 from asyncrl.models import CausalLM
 
 EOS_ID = 1  # the character tokenizer's <|endoftext|>
@@ -37,3 +38,23 @@ def dense_log_probs(model: CausalLM, result: GenerationResult, temperature: floa
     scaled = logits[num_prompt - 1:-1] / (temperature if temperature > 0 else 1.0)  # (R, V)
     log_probs = torch.log_softmax(scaled, dim=-1)
     return log_probs.gather(1, token_ids[num_prompt:, None]).squeeze(1).numpy()
+
+
+class EagerReplay:
+    """A stand-in CUDA graph: replay reruns the captured static forward into its static output."""
+
+    def __init__(self, forward, output):
+        self.forward, self.output = forward, output
+
+    def replay(self):
+        self.output.copy_(self.forward())
+
+
+class EagerDecodeGraphs(DecodeGraphs):
+    """`DecodeGraphs` with each graph replaced by an eager rerun: its static buffers, padding and buckets
+    run on any device."""
+
+    def _capture(self, bucket):
+        forward = self.static_forward(bucket)
+        self.outputs[bucket] = forward()
+        self.graphs[bucket] = EagerReplay(forward, self.outputs[bucket])

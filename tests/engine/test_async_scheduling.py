@@ -9,12 +9,11 @@ import pytest
 
 from asyncrl.engine import GenerationRequest, GenerationResult, LLMEngine, SamplingParams
 from asyncrl.engine.block_manager import BlockManager
-from asyncrl.engine.cuda_graph import DecodeGraphs
 from asyncrl.engine.scheduler import ScheduledBatch, Scheduler
 from asyncrl.engine.sequence import Sequence
 from asyncrl.models import build_tiny_model, iter_named_tensors, load_model
 
-from .helpers import make_engine, prompt, request
+from .helpers import EagerDecodeGraphs, make_engine, prompt, request
 
 
 @pytest.fixture(scope="module")
@@ -223,33 +222,19 @@ def test_drain_completes_the_step_in_flight_and_sleep_recomputes_after_it(tiny_f
     assert_same_results(run(True, num_steps=4, num_steps_before_sleep=1), run(False, 5, 2))
 
 
-class EagerReplay:
-    """A stand-in CUDA graph: replay reruns the captured static forward into its static output."""
-
-    def __init__(self, forward, output):
-        self.forward, self.output = forward, output
-
-    def replay(self):
-        self.output.copy_(self.forward())
-
-
-class EagerDecodeGraphs(DecodeGraphs):
-    def _capture(self, bucket):
-        forward = self.static_forward(bucket)
-        self.outputs[bucket] = forward()
-        self.graphs[bucket] = EagerReplay(forward, self.outputs[bucket])
-
-
 def test_decode_graph_path_reads_input_ids_from_the_previous_step(tiny_folder):
     """The CUDA-graph decode path (static buffers, bucket padding) on this device, with each graph replaced
     by an eager rerun: a decode ahead copies its input ids from the previous step's sampled tokens."""
     requests = mixed_requests()
 
-    def run(async_scheduling: bool) -> list[GenerationResult]:
+    def run(async_scheduling: bool) -> tuple[list[GenerationResult], int]:
         engine = make_engine(tiny_folder, max_num_seqs=16, async_scheduling=async_scheduling)
         runner = engine.runner
         runner.graphs = EagerDecodeGraphs(runner.model, runner.kv_cache, None, 16, -(-engine.max_model_len // 4),
                                           num_processors=8)
-        return engine.generate(requests)
+        num_ahead = count_decodes_ahead(engine)
+        return engine.generate(requests), num_ahead[0]
 
-    assert_same_results(run(async_scheduling=True), run(async_scheduling=False))
+    (results, num_ahead), (expected, _) = run(async_scheduling=True), run(async_scheduling=False)
+    assert num_ahead > 10  # the graph path really ran decodes ahead
+    assert_same_results(results, expected)

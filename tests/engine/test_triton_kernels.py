@@ -110,24 +110,10 @@ def test_engine_with_the_cuda_kernels_matches_the_torch_path(tiny_folder):
 def test_decode_graph_buffers_padding_and_buckets_with_eager_replay(tiny_folder):
     """`DecodeGraphs` with each CUDA graph replaced by an eager rerun of its static forward: checks the
     static buffers, the sink-block padding, bucket choice and per-bucket context splits on this device."""
-    from asyncrl.engine.cuda_graph import DecodeGraphs
     from asyncrl.engine.sampler import Sampler
     from asyncrl.engine.triton_kernels import fused_sample, paged_decode_attention
 
-    from .helpers import make_engine, request
-
-    class EagerReplay:
-        def __init__(self, forward, output):
-            self.forward, self.output = forward, output
-
-        def replay(self):
-            self.output.copy_(self.forward())
-
-    class EagerDecodeGraphs(DecodeGraphs):
-        def _capture(self, bucket):
-            forward = self.static_forward(bucket)
-            self.outputs[bucket] = forward()
-            self.graphs[bucket] = EagerReplay(forward, self.outputs[bucket])
+    from .helpers import EagerDecodeGraphs, make_engine, request
 
     requests = [request(f"b{index}", 3 + 4 * index, offset=index, temperature=1.0, max_new_tokens=6 + 5 * index,
                         ignore_eos=True, seed=index) for index in range(5)]

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import socket
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.multiprocessing as mp
 
+from asyncrl.bench.trainer_ranks import run_ranks
 from asyncrl.config import load_config
 from asyncrl.train import TrainBatch
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def trainer_config(model_path: Path, *overrides: str):
@@ -51,28 +43,6 @@ def make_batch(seed: int = 0, num_prompts: int = 6, group_size: int = 2) -> Trai
 
 
 def run_in_processes(function: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
-    """Run function(rank, world_size, port, *args) in `world_size` fresh processes; their return values."""
-    context = mp.get_context("spawn")
-    queue = context.Queue()
-    port = free_port()
-    processes = [context.Process(target=_entry, args=(queue, function, rank, world_size, port, args))
-                 for rank in range(world_size)]
-    for process in processes:
-        process.start()
-    results = {}
-    for _ in processes:
-        rank, ok, value = queue.get(timeout=300)
-        if not ok:
-            raise RuntimeError(f"rank {rank} failed:\n{value}")
-        results[rank] = value
-    for process in processes:
-        process.join(timeout=60)
-    return [results[rank] for rank in range(world_size)]
-
-
-def _entry(queue, function, rank, world_size, port, args) -> None:
-    torch.set_num_threads(1)
-    try:
-        queue.put((rank, True, function(rank, world_size, port, *args)))
-    except Exception:
-        queue.put((rank, False, traceback.format_exc()))
+    """Run function(rank, world_size, port, *args) in `world_size` fresh processes, one thread each (the
+    equivalence tests compare ranks' float results); their return values."""
+    return run_ranks(function, world_size, *args, timeout_s=300, num_threads=1)
