@@ -24,7 +24,8 @@ from asyncrl.train.metric_sums import MetricSums
 from asyncrl.train.nonfinite import NonFiniteGuard
 from asyncrl.train.micro_batches import micro_batches
 from asyncrl.train.mini_batches import mini_batch_plan
-from asyncrl.train.parallel import all_reduce_sum, clip_gradients, local_shard, reshard_all, world_size
+from asyncrl.train.parallel import (all_reduce_sum, clip_gradients, defer_gradient_reduction, local_shard, reshard_all,
+                                    world_size)
 from asyncrl.train.update_spec import PolicyUpdateSpec
 
 # Token-mean metrics of the policy losses and rollout correction, reduced over tokens of all ranks.
@@ -67,7 +68,8 @@ class PolicyTrainer:
             [float(mini_batch.response_mask.sum()), float(count_sequences(mini_batch.response_mask))], self.device)
         self.optimizer.zero_grad(set_to_none=True)
         plan = micro_batches(mini_batch, spec.micro_batch_size, spec.max_tokens_per_micro_batch, self.device)
-        for _, micro in plan:
+        for index, (_, micro) in enumerate(plan):
+            defer_gradient_reduction(self.model, defer=index < len(plan) - 1)
             loss = self.micro_batch_loss(micro.to(self.device), spec, num_tokens, num_seqs, sums)
             (loss * world_size()).backward()
         grad_norm = clip_gradients(self.model, spec.grad_clip)

@@ -60,6 +60,19 @@ def reshard_without_grad(layer: FSDPModule, inputs: object, output: object) -> N
         layer.reshard()
 
 
+def defer_gradient_reduction(model: nn.Module, defer: bool) -> None:
+    """Gradient accumulation on one rank: while `defer`, a backward leaves every unit gathered and adds its
+    gradients to an unsharded fp32 accumulator, with no reduction and no reshard; the last micro-batch
+    (defer False) reduces once and reshards, so the optimizer steps the masters and the next forward
+    gathers fresh copies. It saves a gather, a reduction and their per-parameter bookkeeping per unit and
+    micro-batch, which set the pace of small models' updates. On one rank it costs no memory (the sharded
+    gradient is the whole model anyway); on more it would hold whole-model gradients per rank, so there it
+    does nothing."""
+    if isinstance(model, FSDPModule) and is_unsharded(model):
+        model.set_requires_gradient_sync(not defer)
+        model.set_reshard_after_backward(not defer)
+
+
 def reshard_all(model: nn.Module) -> None:
     """Frees every gathered copy, so `model.parameters()` are the sharded fp32 masters again. After a forward
     FSDP may still hold some units gathered (the root, whose LM head runs after `model(...)` returns; layers

@@ -6,11 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
 from asyncrl.models import build_tiny_model, load_model
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch, TrainerWorker, shard_batch
 from asyncrl.train.forward import dense_positions
-from asyncrl.train.parallel import reshard_all
+from asyncrl.train.metric_sums import MetricSums
+from asyncrl.train.parallel import defer_gradient_reduction, reshard_all
 
 from .helpers import make_batch, run_in_processes, trainer_config
 
@@ -224,3 +226,33 @@ def test_snapshot_swap_computes_with_the_snapshot_and_restores_every_live_weight
             snapshot_round_trip, world_size, model_path):
         assert all(np.array_equal(live_before[name], live_after[name]) for name in live_before)
         assert np.allclose(snapshot_log_probs, initial_log_probs, atol=1e-6)
+
+
+def deferred_and_direct_gradients(rank, world_size, port, model_path):
+    """Two micro-batches' gradients on one rank: reduced after each backward, and deferred to the last."""
+    worker = single_worker(model_path, port)
+    model, batch = worker.actor.model, make_batch(seed=2)
+    spec = PolicyUpdateSpec.from_config(worker.config, batch.num_rows, step=0)
+    halves = [batch.select(torch.arange(0, 6)), batch.select(torch.arange(6, 12))]
+    results = []
+    for defer in (False, True):
+        model.zero_grad(set_to_none=True)
+        grads_after_first = None
+        for index, micro in enumerate(halves):
+            defer_gradient_reduction(model, defer=defer and index == 0)
+            worker.actor.micro_batch_loss(micro, spec, 40.0, 12.0, MetricSums()).backward()
+            if index == 0:
+                # Sharded masters (DTensors) holding a reduced gradient; a deferring unit stays gathered.
+                grads_after_first = sum(isinstance(p, DTensor) and p.grad is not None for p in model.parameters())
+        results.append((grads_after_first, {name: p.grad.full_tensor().clone().numpy() for name, p in model.named_parameters()}))
+    return results
+
+
+def test_deferred_gradient_reduction_on_one_rank_skips_the_first_reduction_and_sums_the_same(model_path):
+    (direct, deferred), = run_in_processes(deferred_and_direct_gradients, 1, model_path)
+    num_parameters = len(direct[1])
+    assert direct[0] == num_parameters  # reduced into the sharded gradients after the first backward
+    assert deferred[0] == 0  # deferred: nothing reduced yet, the sum waits in FSDP's unsharded accumulator
+    for name, gradient in direct[1].items():
+        np.testing.assert_allclose(deferred[1][name], gradient, rtol=0, atol=1e-7, err_msg=name)
+    assert all(np.abs(gradient).max() > 0 for gradient in direct[1].values())
