@@ -108,5 +108,6 @@ def dense_prefill_attention(query: Tensor, key: Tensor, value: Tensor, metadata:
     """Causal attention among the new tokens of rows that all start at position 0: query (N, Hq, D),
     key/value (N, Hkv, D) -> (N, Hq, D), computed on right-padded (R, T_max) rows."""
     # Right padding is harmless under a causal mask: no real token sees a later padded one.
-    output = causal_attention(pad_rows(query, metadata), pad_rows(key, metadata), pad_rows(value, metadata))
+    output = causal_attention(pad_rows(query, metadata), pad_rows(key, metadata), pad_rows(value, metadata),
+                              grouped=query.shape[1] != key.shape[1])
     return unpad_rows(output, metadata)

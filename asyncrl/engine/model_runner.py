@@ -34,6 +34,7 @@ from asyncrl.engine.kv_cache import (
 from asyncrl.engine.sampler import FusedSampleKernel, Sampler, SamplingInputs
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.step_inputs import BlockTableCache, SamplingArrayCache, StepInputs, build_step_inputs
+from asyncrl.models.attention import avoid_per_shape_attention_plans
 from asyncrl.models.compile import compile_decoder_layers, fuse_projections
 from asyncrl.models.transformer import CausalLM
 
@@ -81,6 +82,8 @@ class ModelRunner:
 
     def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int) -> None:
         self.model = model.eval()
+        if config.is_cuda:
+            avoid_per_shape_attention_plans()  # every prefill has a new (rows, length) shape
         fuse_projections(model.model)
         if config.use_compile:
             compile_decoder_layers(model)

@@ -7,7 +7,8 @@
     logits = model.compute_logits(hidden)       # (B, T, V) fp32
 """
 
-from asyncrl.models.attention import AttentionBackend, PackedCausalAttention, causal_attention
+from asyncrl.models.attention import (AttentionBackend, PackedCausalAttention, avoid_per_shape_attention_plans,
+                                     causal_attention)
 from asyncrl.models.checkpoint_io import (
     check_model_folder,
     copy_tokenizer_files,
@@ -43,6 +44,7 @@ __all__ = [
     "architecture_of",
     "build_char_tokenizer",
     "build_tiny_model",
+    "avoid_per_shape_attention_plans",
     "causal_attention",
     "char_vocab_size",
     "compile_decoder_layers",

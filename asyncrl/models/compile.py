@@ -7,9 +7,11 @@ Why. On an H200 a 0.5B model's layer is a few short matrix products and ~30 smal
 (RMSNorm's fp32 statistics, rotary, SiLU x up, residual adds), each a launch and a trip through memory.
 The trainer measured ~150 kernels per layer and was host-bound; the engine's decode step spent more
 time in elementwise kernels than in attention. Inductor fuses each half of the layer (before and after
-the attention kernel) into a handful of kernels, forward and backward.
+the attention kernel) into a handful of kernels, forward and backward. On the trainer's dense batches the
+whole layer, causal SDPA included, is one graph: one compiled call per layer forward and one backward
+(the host's per-call cost set the pace of a small model's update).
 
-Every layer shares the same two compiled graphs (dynamo treats a layer's parameters as inputs), so compile
+Every layer shares the same compiled graphs (dynamo treats a layer's parameters as inputs), so compile
 time does not grow with depth. Shapes are symbolic from the start (micro-batches, prefills and decode
 buckets all differ), so a run compiles a handful of times at start (with and without autograd, and for
 the sizes 0/1 that dynamo always specialises), not per shape.
@@ -28,16 +30,16 @@ _RECOMPILE_LIMIT = 32
 
 
 def compile_decoder_layers(model: CausalLM | ValueModel, backend: str = "inductor") -> None:
-    """Replaces every layer's `attention_inputs` and `attention_outputs` with compiled versions, in place,
-    and marks the model `is_compiled` (the trainer's chunked LM head then compiles its softmax math too).
+    """Replaces every layer's `dense_forward` (the trainer's whole layer) and `attention_inputs` /
+    `attention_outputs` (the halves around an attention backend) with compiled versions, in place, and marks the model `is_compiled` (the trainer's chunked LM head then compiles its softmax math too).
 
     Call it before FSDP wrapping or CUDA-graph capture (their hooks and captures then see the compiled
     functions). `backend="aot_eager"` traces forward and backward without code generation (CPU tests)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _RECOMPILE_LIMIT)
     model.is_compiled = True
     for layer in model.model.layers:
-        layer.attention_inputs = torch.compile(layer.attention_inputs, backend=backend, fullgraph=True, dynamic=True)
-        layer.attention_outputs = torch.compile(layer.attention_outputs, backend=backend, fullgraph=True, dynamic=True)
+        for name in ("dense_forward", "attention_inputs", "attention_outputs"):
+            setattr(layer, name, torch.compile(getattr(layer, name), backend=backend, fullgraph=True, dynamic=True))
 
 
 def fuse_projections(backbone: TransformerModel) -> None:

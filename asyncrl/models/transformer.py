@@ -35,12 +35,22 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionBackend | None) -> Tensor:
+        if attention is None:
+            return self.dense_forward(hidden, cos, sin)
         query, key, value = self.attention_inputs(hidden, cos, sin)
         return self.attention_outputs(hidden, self.self_attn.attend(query, key, value, attention))
 
-    # The layer is split around the attention kernel so that `compile_decoder_layers` can compile the two
-    # halves (norms, projections, rotary, activation, residual adds: most of a layer's small kernels) while
-    # the attention backend, which may read and write a paged KV cache, stays eager.
+    def dense_forward(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """The whole layer over a dense (B, T) batch, causal SDPA included: one graph when compiled (the
+        trainer's path), so a layer costs one compiled call forward and one backward. The class's own halves
+        are called, not the instance's (possibly compiled) attributes: compiled here, they are traced inline."""
+        query, key, value = DecoderLayer.attention_inputs(self, hidden, cos, sin)
+        return DecoderLayer.attention_outputs(self, hidden, self.self_attn.attend(query, key, value, None))
+
+    # With an attention backend the layer is split around the attention kernel, so that
+    # `compile_decoder_layers` can compile the two halves (norms, projections, rotary, activation, residual
+    # adds: most of a layer's small kernels) while the backend, which may read and write a paged KV cache,
+    # stays eager.
     def attention_inputs(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """hidden (..., hidden) -> query (..., Hq, D), key and value (..., Hkv, D)."""
         return self.self_attn.project(self.input_layernorm(hidden), cos, sin)

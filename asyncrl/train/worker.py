@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from asyncrl.config import AsyncRLConfig, needs_critic, needs_reference
-from asyncrl.models import CausalLM, compile_decoder_layers, load_model, load_named_tensors, read_config, save_model
+from asyncrl.models import (CausalLM, avoid_per_shape_attention_plans, compile_decoder_layers, load_model,
+                            load_named_tensors, read_config, save_model)
 from asyncrl.train.actor import PolicyTrainer
 from asyncrl.train.batch import TrainBatch
 from asyncrl.train.checkpoint import Component, load_trainer_state, save_trainer_state
@@ -82,6 +83,8 @@ class TrainerWorker:
         # Master weights stay fp32; FSDP's mixed-precision policy casts them to the compute dtype.
         model = load_model(folder, dtype=torch.float32, device=self.device, kind=kind)
         model.set_gradient_checkpointing(self.config.model.gradient_checkpointing)
+        if self.device.type == "cuda":
+            avoid_per_shape_attention_plans()  # micro-batch shapes change from one to the next
         if self.config.model.compile and self.device.type == "cuda":
             compile_decoder_layers(model)
         return shard_model(model, self.mesh, self.param_dtype)

@@ -84,7 +84,11 @@ def test_compiled_layers_share_one_graph_whatever_the_depth(family_folders: dict
         for lengths in ([5, 4], [8, 2], [11, 3, 2]):
             input_ids, positions, _ = right_padded_batch(lengths, model.config.vocab_size)
             model(input_ids, positions)
-    assert _unique_graphs() == 2  # one per half, for all layers and all three shapes
+    assert _unique_graphs() == 1  # one whole-layer graph (dense batches), for all layers and all three shapes
+    attention = PackedCausalAttention.from_lengths([4, 7])
+    with torch.no_grad():
+        model(torch.randint(0, model.config.vocab_size, (11,)), attention.positions(), attention)
+    assert _unique_graphs() == 3  # plus one per half around an attention backend
 
 
 def test_compiled_layers_leave_a_packed_attention_backend_eager(family_folders: dict[str, Path]) -> None:
