@@ -11,7 +11,7 @@ import itertools
 import torch
 
 from asyncrl.bench.models import qwen2_config
-from asyncrl.engine.triton_kernels import paged_decode_attention
+from asyncrl.engine.triton_kernels import TILE_ELEMENTS, paged_decode_attention
 
 
 def time_ms(function, repeats: int = 50) -> float:
@@ -62,8 +62,9 @@ def main() -> None:
     for milliseconds, splits, tile, warps, stages, error in sorted(results)[:12]:
         print(f"splits {splits} tile {tile:3d} warps {warps} stages {stages}: {milliseconds * 1e3:6.1f} us "
               f"{kv_bytes / milliseconds / 1e9:5.2f} TB/s (max diff {error:.1e})")
-    default = next(r for r in results if r[1:5] == (1, 64, 4, 3))
-    print(f"current default (splits 1, tile 64, warps 4, stages 3): {default[0] * 1e3:.1f} us")
+    default_tile = TILE_ELEMENTS // max(16, dim)
+    default = next(r for r in results if r[1:5] == (1, default_tile, 4, 3))
+    print(f"current default (splits 1, tile {default_tile}, warps 4, stages 3): {default[0] * 1e3:.1f} us")
 
 
 if __name__ == "__main__":

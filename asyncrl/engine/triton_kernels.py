@@ -105,18 +105,26 @@ def _merge_splits_kernel(
     tl.store(output_ptr + output_offsets, output.to(output_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
+# Positions per tile x head dimension: each tile loads 8192 key elements (16 KB in bf16). Measured on an H200
+# with shuffled blocks (a long-running cache): head_dim 64 (0.5B) 48 us per layer at 128 positions vs 61 us
+# at 64; head_dim 128 (1.5B) best at 64 positions.
+TILE_ELEMENTS = 8192
+
+
 def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-                           context_lens: Tensor, num_splits: int = 1, tile: int = 64, num_warps: int = 4,
+                           context_lens: Tensor, num_splits: int = 1, tile: int | None = None, num_warps: int = 4,
                            num_stages: int = 3) -> Tensor:
     """query (S, Hq, D) of each sequence's newest token; key/value caches (num_blocks, block_size, Hkv, D);
     block_tables (S, W) int32; context_lens (S,) int32 (>= 1) -> (S, Hq, D) in the query's dtype.
-    `num_splits` divides each context among that many programs (more parallelism for small batches)."""
+    `num_splits` divides each context among that many programs (more parallelism for small batches);
+    `tile` (positions per step of a program) defaults to `TILE_ELEMENTS` // head dimension."""
     num_sequences, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     if key_cache.stride(3) != 1 or query.stride(2) != 1:
         raise ValueError("paged_decode_attention needs the head dimension contiguous")
     group_size = num_heads // num_kv_heads
     head_pad = max(MIN_DOT_SIZE, triton.next_power_of_2(head_dim))
+    tile = tile if tile is not None else TILE_ELEMENTS // head_pad
     output = torch.empty_like(query)
     partial_output = partial_max = partial_sum = output  # unused placeholders when there is one split
     if num_splits > 1:

@@ -69,7 +69,8 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         plan = micro_batches(mini_batch, spec.micro_batch_size, spec.max_tokens_per_micro_batch, self.device)
         for index, (_, micro) in enumerate(plan):
-            defer_gradient_reduction(self.model, defer=index < len(plan) - 1)
+            if index in (0, len(plan) - 1):  # deferred from the first micro-batch, reduced in the last one
+                defer_gradient_reduction(self.model, defer=index < len(plan) - 1)
             loss = self.micro_batch_loss(micro.to(self.device), spec, num_tokens, num_seqs, sums)
             (loss * world_size()).backward()
         grad_norm = clip_gradients(self.model, spec.grad_clip)

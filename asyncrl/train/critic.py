@@ -58,7 +58,8 @@ class CriticTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         plan = micro_batches(mini_batch, spec.micro_batch_size, spec.max_tokens_per_micro_batch, self.device)
         for index, (_, micro) in enumerate(plan):
-            defer_gradient_reduction(self.model, defer=index < len(plan) - 1)
+            if index in (0, len(plan) - 1):  # deferred from the first micro-batch, reduced in the last one
+                defer_gradient_reduction(self.model, defer=index < len(plan) - 1)
             micro = micro.to(self.device)
             predicted = response_values(self.model, micro)
             loss, loss_metrics = value_loss(
