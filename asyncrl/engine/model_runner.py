@@ -35,17 +35,16 @@ from asyncrl.engine.sampler import FusedSampleKernel, Sampler, SamplingInputs
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.step_inputs import BlockTableCache, SamplingArrayCache, StepInputs, build_step_inputs
 from asyncrl.models.attention import avoid_per_shape_attention_plans
-from asyncrl.models.compile import compile_decoder_layers, fuse_projections, set_linear_kernel
-from asyncrl.models.layers import LinearKernel
+from asyncrl.models.compile import compile_decoder_layers, fuse_projections
 from asyncrl.models.transformer import CausalLM
 
 logger = logging.getLogger(__name__)
 
 
-def load_cuda_kernels() -> tuple[DecodeKernel, FusedSampleKernel, LinearKernel]:
+def load_cuda_kernels() -> tuple[DecodeKernel, FusedSampleKernel]:
     # Imported here, not at the top: triton ships with CUDA installs only.
-    from asyncrl.engine import decode_linear, triton_kernels
-    return triton_kernels.paged_decode_attention, triton_kernels.fused_sample, decode_linear.decode_linear
+    from asyncrl.engine import triton_kernels
+    return triton_kernels.paged_decode_attention, triton_kernels.fused_sample
 
 
 @dataclass
@@ -86,15 +85,13 @@ class ModelRunner:
         if config.is_cuda:
             avoid_per_shape_attention_plans()  # every prefill has a new (rows, length) shape
         fuse_projections(model.model)
-        decode_kernel, sample_kernel, linear_kernel = load_cuda_kernels() if config.is_cuda else (None, None, None)
-        if linear_kernel is not None:
-            set_linear_kernel(model.model, linear_kernel)
         if config.use_compile:
             compile_decoder_layers(model)
         self.config = config
         self.device = config.torch_device
         self.max_model_len = max_model_len
         self.block_size = config.block_size
+        decode_kernel, sample_kernel = load_cuda_kernels() if config.is_cuda else (None, None)
         self.decode_kernel = decode_kernel
         self.sampler = Sampler(sample_kernel)
         self.num_processors = (torch.cuda.get_device_properties(self.device).multi_processor_count

@@ -18,7 +18,7 @@ from asyncrl.models.checkpoint_io import (
     read_config,
     save_model,
 )
-from asyncrl.models.compile import compile_decoder_layers, fuse_projections, set_linear_kernel
+from asyncrl.models.compile import compile_decoder_layers, fuse_projections
 from asyncrl.models.model_config import ARCHITECTURES, FAMILIES, TransformerConfig, architecture_of
 from asyncrl.models.tiny import build_tiny_model, init_weights, tiny_config
 from asyncrl.models.tokenizer import (
@@ -52,7 +52,6 @@ __all__ = [
     "check_tokenizer_fits_model",
     "copy_tokenizer_files",
     "fuse_projections",
-    "set_linear_kernel",
     "init_weights",
     "iter_named_tensors",
     "load_model",

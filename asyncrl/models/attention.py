@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from asyncrl.models.layers import LinearKernel, RMSNorm
+from asyncrl.models.layers import RMSNorm
 from asyncrl.models.model_config import TransformerConfig
 from asyncrl.models.rope import apply_rotary
 
@@ -129,8 +129,6 @@ class SelfAttention(nn.Module):
         # q/k/v weights (their Parameters are views into it), so in-place weight updates reach both.
         self.qkv_weight: Tensor | None = None
         self.qkv_bias: Tensor | None = None
-        # The matrix-product kernel of the projections (`set_linear_kernel`: the engine's decode GEMM on CUDA).
-        self.linear: LinearKernel = F.linear
 
     def project(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """hidden (..., hidden) -> query (..., Hq, D), key and value (..., Hkv, D), after q/k norm and RoPE."""
@@ -138,7 +136,7 @@ class SelfAttention(nn.Module):
         if self.qkv_weight is None:
             query, key, value = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
         else:  # one matrix product instead of three (an inference engine's decode step is launch-bound)
-            query, key, value = self.linear(hidden, self.qkv_weight, self.qkv_bias).split(self.projection_sizes, dim=-1)
+            query, key, value = F.linear(hidden, self.qkv_weight, self.qkv_bias).split(self.projection_sizes, dim=-1)
         query = query.view(*leading, self.num_heads, self.head_dim)  # (..., Hq, D)
         key = key.view(*leading, self.num_kv_heads, self.head_dim)  # (..., Hkv, D)
         value = value.view(*leading, self.num_kv_heads, self.head_dim)  # (..., Hkv, D)
@@ -156,10 +154,6 @@ class SelfAttention(nn.Module):
             output = attention.attend(self.layer_index, query, key, value)
         return output.reshape(*query.shape[:-2], self.num_heads * self.head_dim)
 
-    def output(self, attended: Tensor) -> Tensor:
-        """o_proj of the concatenated heads (..., Hq * D) -> (..., hidden)."""
-        return self.linear(attended, self.o_proj.weight, self.o_proj.bias)
-
     def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionBackend | None) -> Tensor:
         """hidden (B, T, hidden) with attention None, or (N, hidden) with a backend; cos/sin (..., D)."""
-        return self.output(self.attend(*self.project(hidden, cos, sin), attention))
+        return self.o_proj(self.attend(*self.project(hidden, cos, sin), attention))

@@ -2,7 +2,6 @@
 
     compile_decoder_layers(model)     # trainer and engine on CUDA: torch.compile around the attention kernel
     fuse_projections(model)           # engine only: q/k/v and gate/up as one matrix product each
-    set_linear_kernel(model, linear)  # engine only: the layers' matrix products through another kernel
 
 Why. On an H200 a 0.5B model's layer is a few short matrix products and ~30 small elementwise kernels
 (RMSNorm's fp32 statistics, rotary, SiLU x up, residual adds), each a launch and a trip through memory.
@@ -23,7 +22,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from asyncrl.models.layers import LinearKernel
 from asyncrl.models.transformer import CausalLM, TransformerModel, ValueModel
 
 # Grad modes x specialised sizes x dense (B, T) or flattened (N,) layouts: above the default of 8
@@ -60,15 +58,6 @@ def fuse_projections(backbone: TransformerModel) -> None:
             if attention.q_proj.bias is not None:
                 attention.qkv_bias = _stack_as_views(projections, "bias")
             mlp.gate_up_weight = _stack_as_views([mlp.gate_proj, mlp.up_proj], "weight")
-
-
-def set_linear_kernel(backbone: TransformerModel, linear: LinearKernel) -> None:
-    """Makes every layer's projections (fused q/k/v, o, fused gate/up, down) call `linear`, which has
-    `F.linear`'s signature and result. Inference only, after `fuse_projections` (the unfused training path
-    keeps its `nn.Linear` modules). The engine passes its decode GEMM on CUDA (`engine/decode_linear.py`)."""
-    for layer in backbone.layers:
-        layer.self_attn.linear = linear
-        layer.mlp.linear = linear
 
 
 def _stack_as_views(modules: list[nn.Linear], name: str) -> Tensor:

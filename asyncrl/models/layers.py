@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-# F.linear's signature: x (..., K), weight (N, K), bias (N,) or None -> (..., N).
-LinearKernel = Callable[[Tensor, Tensor, Optional[Tensor]], Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -43,11 +38,9 @@ class SwiGLU(nn.Module):
         # Set by `fuse_projections` (inference only): (2 x intermediate, hidden), gate rows then up rows; the
         # gate/up Parameters are views into it.
         self.gate_up_weight: Tensor | None = None
-        # The matrix-product kernel with F.linear's signature (`set_linear_kernel`: the engine's decode GEMM).
-        self.linear: LinearKernel = F.linear
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate_up_weight is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = self.linear(x, self.gate_up_weight, None).chunk(2, dim=-1)
-        return self.linear(F.silu(gate) * up, self.down_proj.weight, None)
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

@@ -57,7 +57,7 @@ class DecoderLayer(nn.Module):
 
     def attention_outputs(self, hidden: Tensor, attended: Tensor) -> Tensor:
         """Residual stream after attention (attended heads (..., Hq * D)) and the MLP."""
-        hidden = hidden + self.self_attn.output(attended)
+        hidden = hidden + self.self_attn.o_proj(attended)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 

@@ -11,7 +11,6 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from asyncrl.engine.attention import AttentionMetadata, torch_paged_attention
 from asyncrl.engine.sampler import row_keys, sample_reference
@@ -86,45 +85,12 @@ def test_fused_sample_matches_the_torch_sampler(num_splits, dtype):
     assert logits[3, token_ids[3]] >= thresholds[3]
 
 
-@pytest.mark.parametrize("rows,depth,cols,with_bias", [(1, 96, 40, True), (64, 128, 33, False),
-                                                      (130, 200, 4100, True), (256, 320, 96, True)])
-def test_decode_linear_kernel_matches_f_linear(rows, depth, cols, with_bias):
-    """Every tile shape (narrow and wide outputs), ragged edges in all three dimensions, with and without bias."""
-    from asyncrl.engine.decode_linear import triton_linear
-
-    dtype = torch.bfloat16 if IS_CUDA else torch.float32
-    generator = torch.Generator().manual_seed(rows)
-    x, weight, bias = (torch.randn(shape, generator=generator).to(DEVICE, dtype)
-                       for shape in ((rows, depth), (cols, depth), (cols,)))
-    bias = bias if with_bias else None
-    expected = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
-    actual = triton_linear(x, weight, bias).float()
-    tolerance = 0.02 * expected.abs().max().item() if dtype == torch.bfloat16 else 1e-4
-    assert (actual - expected).abs().max().item() <= tolerance
-
-
-def test_decode_linear_op_compiles_as_one_call_and_leaves_prefills_to_f_linear():
-    from asyncrl.engine.decode_linear import MAX_ROWS, decode_linear
-
-    dtype = torch.bfloat16 if IS_CUDA else torch.float32
-    generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(48, 64, generator=generator).to(DEVICE, dtype)
-    prefill = torch.randn(MAX_ROWS + 1, 64, generator=generator).to(DEVICE, dtype)
-    assert torch.equal(decode_linear(prefill, weight), F.linear(prefill, weight))  # above MAX_ROWS: cuBLAS
-    compiled = torch.compile(lambda x: decode_linear(x, weight) * 2, backend="aot_eager", fullgraph=True)
-    decode = torch.randn(3, 5, 64, generator=generator).to(DEVICE, dtype)  # leading dims are flattened
-    assert compiled(decode).shape == (3, 5, 48)
-    assert torch.allclose(compiled(decode).float(), 2 * decode_linear(decode, weight).float())
-
-
 @interpreter_only
 def test_engine_with_the_cuda_kernels_matches_the_torch_path(tiny_folder):
     """The CUDA dispatch (dense prefill, Triton decode, fused sampler) run on this device, against the torch
     path of the same engine configuration."""
-    from asyncrl.engine.decode_linear import triton_linear
     from asyncrl.engine.sampler import Sampler
     from asyncrl.engine.triton_kernels import fused_sample, paged_decode_attention
-    from asyncrl.models import set_linear_kernel
 
     from .helpers import make_engine, request
 
@@ -134,8 +100,6 @@ def test_engine_with_the_cuda_kernels_matches_the_torch_path(tiny_folder):
     engine = make_engine(tiny_folder)
     engine.runner.decode_kernel = paged_decode_attention
     engine.runner.sampler = Sampler(fused_sample)
-    # The decode GEMM's kernel itself: its op sends CPU tensors to F.linear, so the kernel is set directly.
-    set_linear_kernel(engine.runner.model.model, triton_linear)
     results = engine.generate(requests)
     for result, reference in zip(results, expected):
         assert result.response_ids.tolist() == reference.response_ids.tolist()

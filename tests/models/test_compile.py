@@ -12,10 +12,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import torch.nn.functional as F
-
-from asyncrl.models import (PackedCausalAttention, compile_decoder_layers, fuse_projections, load_model,
-                            set_linear_kernel)
+from asyncrl.models import PackedCausalAttention, compile_decoder_layers, fuse_projections, load_model
 
 from .helpers import FAMILY_CASES, right_padded_batch
 
@@ -105,30 +102,3 @@ def test_compiled_layers_leave_a_packed_attention_backend_eager(family_folders: 
         expected = eager(input_ids, attention.positions(), attention)
         actual = compiled(input_ids, attention.positions(), attention)
     assert (expected - actual).abs().max().item() <= 1e-5
-
-
-def test_a_linear_kernel_set_on_the_fused_layers_runs_every_projection(family_folders: dict[str, Path]) -> None:
-    """The engine's decode GEMM replaces the four matrix products of every layer (q/k/v, o, gate/up, down)."""
-    folder = family_folders["qwen2_bias_tied"]
-    plain, routed = load_model(folder), load_model(folder)
-    calls = []
-
-    def counting_linear(x, weight, bias=None):
-        calls.append(tuple(weight.shape))
-        return F.linear(x, weight, bias)
-
-    fuse_projections(routed.model)
-    set_linear_kernel(routed.model, counting_linear)
-    attention = PackedCausalAttention.from_lengths([5, 3])
-    input_ids = torch.randint(0, plain.config.vocab_size, (8,), generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        expected = plain(input_ids, attention.positions(), attention)
-        actual = routed(input_ids, attention.positions(), attention)
-    assert (expected - actual).abs().max().item() <= 1e-5
-    assert len(calls) == 4 * len(routed.model.layers)
-    config = routed.config
-    heads_width = config.num_attention_heads * config.head_dim
-    qkv_width = heads_width + 2 * config.num_key_value_heads * config.head_dim
-    assert calls[:4] == [(qkv_width, config.hidden_size), (config.hidden_size, heads_width),
-                         (2 * config.intermediate_size, config.hidden_size),
-                         (config.hidden_size, config.intermediate_size)]
