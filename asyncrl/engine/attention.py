@@ -1,21 +1,21 @@
 """The paged `AttentionBackend` of one engine step.
 
-`PagedAttention.attend` first writes the step's new keys/values into the KV cache, then attends:
+`PagedAttention.attend` writes the step's new keys/values into the KV cache and attends:
 - CPU (and any device without Triton): `torch_paged_attention` gathers each row's cached context through
   its block table and runs masked SDPA; exact in fp32, handles cached context of any length.
 - CUDA prefill: every prefill row starts at position 0 (preemption recomputes, sharing happens inside
   one prefill), so attention needs only the new tokens: `dense_prefill_attention` pads them into
   (R, T_max) rows and runs causal SDPA (flash attention in bf16).
-- CUDA decode: the Triton kernel of `triton_kernels.paged_decode_attention` reads KV blocks through the
-  block table without materialising padded KV.
+- CUDA decode: the Triton kernel of `triton_kernels.paged_decode_attention` stores the new keys/values
+  itself and reads KV blocks through the block table without materialising padded KV.
 
 A "row" is one computed token sequence: in a prefill the leader of a group, in a decode one sequence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +24,16 @@ from torch import Tensor
 from asyncrl.engine.kv_cache import KVCache
 from asyncrl.models.attention import causal_attention
 
-# query (S, Hq, D), key_cache, value_cache (num_blocks + 1, block_size, Hkv, D), block_tables (S, W) int32,
-# context_lens (S,) int32, num_splits -> (S, Hq, D)
-DecodeKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int], Tensor]
+class DecodeKernel(Protocol):
+    """`triton_kernels.paged_decode_attention`'s calling convention, as the engine uses it."""
+
+    def __call__(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+                 context_lens: Tensor, num_splits: int, *, new_key: Tensor, new_value: Tensor,
+                 write_slots: Tensor) -> Tensor:
+        """query (S, Hq, D); caches (num_blocks + 1, block_size, Hkv, D); block_tables (S, W) int32;
+        context_lens (S,) int32 including the new token; new_key/new_value (S, Hkv, D) stored at write_slots
+        (S,) by the kernel -> (S, Hq, D)."""
+        ...
 
 
 @dataclass
@@ -57,13 +64,15 @@ class PagedAttention:
 
     def attend(self, layer_index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
         metadata = self.metadata
-        self.kv_cache.write(layer_index, key, value, metadata.write_rows, metadata.write_slots)
         key_cache, value_cache = self.kv_cache.layer(layer_index)
+        if self.decode_kernel is not None and metadata.is_decode:
+            # The kernel stores the new key/value itself: one launch per layer instead of three.
+            return self.decode_kernel(query, key_cache, value_cache, metadata.block_tables, metadata.context_lens,
+                                      metadata.num_splits, new_key=key, new_value=value,
+                                      write_slots=metadata.write_slots)
+        self.kv_cache.write(layer_index, key, value, metadata.write_rows, metadata.write_slots)
         if self.decode_kernel is None:
             return torch_paged_attention(query, key_cache, value_cache, metadata)
-        if metadata.is_decode:
-            return self.decode_kernel(query, key_cache, value_cache, metadata.block_tables, metadata.context_lens,
-                                      metadata.num_splits)
         return dense_prefill_attention(query, key, value, metadata)
 
 

@@ -8,6 +8,8 @@ Paged decode: one program per (sequence, kv head, context split). It loads the G
 (padded to 16 rows for `tl.dot`), walks its share of the context in tiles of `TILE` positions, gathers
 each tile's keys/values through the block table, and keeps an online softmax in fp32. With one split it
 writes the normalised output; with several, a second kernel merges the splits' (max, sum, accumulator).
+Given the step's new keys/values, split 0 also stores them in the cache and attends to them from registers
+(the engine's decode path: no separate cache-write kernels).
 """
 
 from __future__ import annotations
@@ -22,21 +24,49 @@ NEGATIVE_LARGE = tl.constexpr(-1.0e30)  # a finite -inf: exp(NEGATIVE_LARGE - m)
 
 
 @triton.jit
+def _store_and_attend_new_token(
+    query, scale, running_max, running_sum, accumulator, new_key_ptr, new_value_ptr, write_slots_ptr,
+    key_cache_ptr, value_cache_ptr, sequence, kv_head, dims, dim_mask, stride_key_sequence, stride_key_head,
+    stride_value_sequence, stride_value_head, stride_cache_block, stride_cache_token, stride_cache_head,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Stores the step's new key/value of (sequence, kv head) at its slot and folds it into the online
+    softmax from registers: no program reads that slot in this launch, so no ordering is needed."""
+    key_offsets = sequence * stride_key_sequence + kv_head * stride_key_head + dims
+    value_offsets = sequence * stride_value_sequence + kv_head * stride_value_head + dims
+    key = tl.load(new_key_ptr + key_offsets, mask=dim_mask, other=0.0).to(key_cache_ptr.dtype.element_ty)
+    value = tl.load(new_value_ptr + value_offsets, mask=dim_mask, other=0.0).to(value_cache_ptr.dtype.element_ty)
+    slot = tl.load(write_slots_ptr + sequence)
+    slot_offsets = ((slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_token
+                    + kv_head * stride_cache_head + dims)
+    tl.store(key_cache_ptr + slot_offsets, key, mask=dim_mask)
+    tl.store(value_cache_ptr + slot_offsets, value, mask=dim_mask)
+    score = tl.sum(query.to(tl.float32) * key.to(tl.float32)[None, :], 1) * scale  # (G,)
+    new_max = tl.maximum(running_max, score)
+    correction = tl.exp(running_max - new_max)
+    prob = tl.exp(score - new_max)
+    accumulator = accumulator * correction[:, None] + prob[:, None] * value.to(tl.float32)[None, :]
+    return new_max, running_sum * correction + prob, accumulator
+
+
+@triton.jit
 def _paged_decode_kernel(
     query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, context_lens_ptr,
     output_ptr, partial_output_ptr, partial_max_ptr, partial_sum_ptr,
-    scale, stride_query_sequence, stride_query_head,
+    new_key_ptr, new_value_ptr, write_slots_ptr, stride_key_sequence, stride_key_head, stride_value_sequence,
+    stride_value_head, scale, stride_query_sequence, stride_query_head,
     stride_cache_block, stride_cache_token, stride_cache_head,
     stride_table_sequence, stride_output_sequence, stride_output_head,
     NUM_HEADS: tl.constexpr, GROUP_SIZE: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WRITE_NEW: tl.constexpr,
 ):
     sequence, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     context_len = tl.load(context_lens_ptr + sequence)
-    tiles_per_split = tl.cdiv(tl.cdiv(context_len, TILE), NUM_SPLITS)
+    cached_len = context_len - 1 if WRITE_NEW else context_len  # the newest position comes from registers
+    tiles_per_split = tl.cdiv(tl.cdiv(cached_len, TILE), NUM_SPLITS)
     start = split * tiles_per_split * TILE
-    end = tl.minimum(start + tiles_per_split * TILE, context_len)
+    end = tl.minimum(start + tiles_per_split * TILE, cached_len)
 
     group = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, HEAD_PAD)
@@ -71,6 +101,13 @@ def _paged_decode_kernel(
         accumulator = accumulator * correction[:, None] + tl.dot(probs.to(value.dtype), value,
                                                                  input_precision=DOT_PRECISION)
         running_max = new_max
+    if WRITE_NEW:
+        if split == 0:
+            running_max, running_sum, accumulator = _store_and_attend_new_token(
+                query, scale, running_max, running_sum, accumulator, new_key_ptr, new_value_ptr, write_slots_ptr,
+                key_cache_ptr, value_cache_ptr, sequence, kv_head, dims, dim_mask, stride_key_sequence,
+                stride_key_head, stride_value_sequence, stride_value_head, stride_cache_block, stride_cache_token,
+                stride_cache_head, BLOCK_SIZE)
 
     if NUM_SPLITS == 1:
         output = accumulator / running_sum[:, None]
@@ -113,11 +150,20 @@ TILE_ELEMENTS = 8192
 
 def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                            context_lens: Tensor, num_splits: int = 1, tile: int | None = None, num_warps: int = 4,
-                           num_stages: int = 3) -> Tensor:
+                           num_stages: int = 3, new_key: Tensor | None = None, new_value: Tensor | None = None,
+                           write_slots: Tensor | None = None) -> Tensor:
     """query (S, Hq, D) of each sequence's newest token; key/value caches (num_blocks, block_size, Hkv, D);
     block_tables (S, W) int32; context_lens (S,) int32 (>= 1) -> (S, Hq, D) in the query's dtype.
     `num_splits` divides each context among that many programs (more parallelism for small batches);
-    `tile` (positions per step of a program) defaults to `TILE_ELEMENTS` // head dimension."""
+    `tile` (positions per step of a program) defaults to `TILE_ELEMENTS` // head dimension.
+
+    With new_key/new_value (S, Hkv, D) and write_slots (S,) int64, the kernel also stores the step's new
+    key/value at their slots (the last of each context) and attends to them from registers: one launch per
+    layer instead of a cache write (two copies) and an attention launch."""
+    write_new = new_key is not None
+    if write_new and (new_value is None or write_slots is None or new_key.stride(2) != 1 or new_value.stride(2) != 1):
+        raise ValueError("paged_decode_attention: new_key and new_value (head dimension contiguous) and write_slots "
+                         "come together")
     num_sequences, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     if key_cache.stride(3) != 1 or query.stride(2) != 1:
@@ -131,16 +177,18 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
         partial_max = torch.empty((num_sequences, num_heads, num_splits), dtype=torch.float32, device=query.device)
         partial_sum = torch.empty_like(partial_max)
         partial_output = torch.empty((*partial_max.shape, head_pad), dtype=torch.float32, device=query.device)
+    new_key, new_value, write_slots = (new_key, new_value, write_slots) if write_new else (query, query, context_lens)
     _paged_decode_kernel[(num_sequences, num_kv_heads, num_splits)](
         query, key_cache, value_cache, block_tables, context_lens,
         output, partial_output, partial_max, partial_sum,
+        new_key, new_value, write_slots, new_key.stride(0), new_key.stride(1), new_value.stride(0), new_value.stride(1),
         head_dim**-0.5, query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0), output.stride(0), output.stride(1),
         NUM_HEADS=num_heads, GROUP_SIZE=group_size,
         GROUP_PAD=max(MIN_DOT_SIZE, triton.next_power_of_2(group_size)),
         HEAD_DIM=head_dim, HEAD_PAD=head_pad, BLOCK_SIZE=block_size, TILE=max(MIN_DOT_SIZE, tile),
-        NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", WRITE_NEW=write_new,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:

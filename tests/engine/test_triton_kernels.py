@@ -65,6 +65,35 @@ def test_paged_decode_matches_torch_paged_attention(num_splits, num_heads, num_k
     assert (output.float() - expected).abs().max().item() <= tolerance
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_paged_decode_that_stores_the_new_token_equals_a_cache_write_then_attention(num_splits):
+    """The engine's decode launch: the kernel writes each sequence's new key/value at its slot (the last
+    position of its context) and attends to it from registers; values arrive as a strided view (a split of
+    the fused q/k/v output). Caches and outputs equal a separate write followed by the plain kernel."""
+    from asyncrl.engine.triton_kernels import paged_decode_attention
+
+    dtype = torch.bfloat16 if IS_CUDA else torch.float32
+    num_heads, num_kv_heads, head_dim, block_size = 14, 2, 64, 4
+    context_lens = [1, 5, 16, 17, 70]  # 1: only the new token (CUDA-graph padding rows look like this)
+    query, key_cache, value_cache, tables, lengths = paged_case(context_lens, num_heads, num_kv_heads, head_dim,
+                                                                block_size, dtype)
+    positions = lengths.long() - 1
+    slots = tables.long().gather(1, (positions // block_size)[:, None]).squeeze(1) * block_size + positions % block_size
+    generator = torch.Generator().manual_seed(1)
+    fused_kv = torch.randn((len(context_lens), 3, num_kv_heads, head_dim), generator=generator).to(DEVICE, dtype)
+    new_key, new_value = fused_kv[:, 0], fused_kv[:, 2]  # non-contiguous rows, like q/k/v split views
+    written_keys, written_values = key_cache.clone(), value_cache.clone()
+    written_keys.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, new_key)
+    written_values.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, new_value)
+    expected = paged_decode_attention(query, written_keys, written_values, tables, lengths, num_splits=num_splits,
+                                      tile=16)
+    output = paged_decode_attention(query, key_cache, value_cache, tables, lengths, num_splits=num_splits, tile=16,
+                                    new_key=new_key, new_value=new_value, write_slots=slots)
+    assert torch.equal(key_cache, written_keys) and torch.equal(value_cache, written_values)
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    assert (output.float() - expected.float()).abs().max().item() <= tolerance
+
+
 @pytest.mark.parametrize("num_splits, dtype", [(1, torch.float32), (3, torch.float32), (8, torch.bfloat16)])
 def test_fused_sample_matches_the_torch_sampler(num_splits, dtype):
     """Any vocabulary split gives the torch sampler's tokens; bf16 logits sample as their fp32 widening."""
