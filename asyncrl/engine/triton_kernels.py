@@ -24,6 +24,45 @@ NEGATIVE_LARGE = tl.constexpr(-1.0e30)  # a finite -inf: exp(NEGATIVE_LARGE - m)
 
 
 @triton.jit
+def _online_softmax_update(running_max, running_sum, accumulator, scores):
+    """Folds scores (G, N) into the online softmax (max, sum, accumulator) of G query heads. Returns the new
+    max, the probabilities (G, N) of `scores` under it, the new sum and the rescaled accumulator, to which
+    the caller adds the probabilities times the N positions' values."""
+    new_max = tl.maximum(running_max, tl.max(scores, 1))
+    correction = tl.exp(running_max - new_max)
+    probs = tl.exp(scores - new_max[:, None])
+    return new_max, probs, running_sum * correction + tl.sum(probs, 1), accumulator * correction[:, None]
+
+
+@triton.jit
+def _attend_cached_tiles(
+    query, scale, running_max, running_sum, accumulator, key_cache_ptr, value_cache_ptr, block_tables_ptr,
+    sequence, kv_head, start, end, dims, dim_mask, stride_table_sequence, stride_cache_block, stride_cache_token,
+    stride_cache_head, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Positions start .. end - 1 of (sequence, kv head), read from the cache through the block table a tile
+    of `TILE` positions at a time."""
+    tile_offsets = tl.arange(0, TILE)
+    for tile_start in range(start, end, TILE):
+        positions = tile_start + tile_offsets
+        position_mask = positions < end
+        block_ids = tl.load(block_tables_ptr + sequence * stride_table_sequence + positions // BLOCK_SIZE,
+                            mask=position_mask, other=0).to(tl.int64)
+        token_offsets = (block_ids * stride_cache_block + (positions % BLOCK_SIZE) * stride_cache_token
+                         + kv_head * stride_cache_head)
+        kv_offsets = token_offsets[:, None] + dims[None, :]
+        kv_mask = position_mask[:, None] & dim_mask[None, :]
+        key = tl.load(key_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (TILE, D)
+        scores = tl.dot(query, tl.trans(key), input_precision=DOT_PRECISION) * scale  # (G, TILE) fp32
+        scores = tl.where(position_mask[None, :], scores, NEGATIVE_LARGE)
+        running_max, probs, running_sum, accumulator = _online_softmax_update(running_max, running_sum,
+                                                                              accumulator, scores)
+        value = tl.load(value_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (TILE, D)
+        accumulator += tl.dot(probs.to(value.dtype), value, input_precision=DOT_PRECISION)
+    return running_max, running_sum, accumulator
+
+
+@triton.jit
 def _store_and_attend_new_token(
     query, scale, running_max, running_sum, accumulator, new_key_ptr, new_value_ptr, write_slots_ptr,
     key_cache_ptr, value_cache_ptr, sequence, kv_head, dims, dim_mask, stride_key_sequence, stride_key_head,
@@ -41,12 +80,10 @@ def _store_and_attend_new_token(
                     + kv_head * stride_cache_head + dims)
     tl.store(key_cache_ptr + slot_offsets, key, mask=dim_mask)
     tl.store(value_cache_ptr + slot_offsets, value, mask=dim_mask)
-    score = tl.sum(query.to(tl.float32) * key.to(tl.float32)[None, :], 1) * scale  # (G,)
-    new_max = tl.maximum(running_max, score)
-    correction = tl.exp(running_max - new_max)
-    prob = tl.exp(score - new_max)
-    accumulator = accumulator * correction[:, None] + prob[:, None] * value.to(tl.float32)[None, :]
-    return new_max, running_sum * correction + prob, accumulator
+    scores = tl.sum(query.to(tl.float32) * key.to(tl.float32)[None, :], 1)[:, None] * scale  # (G, 1)
+    running_max, probs, running_sum, accumulator = _online_softmax_update(running_max, running_sum, accumulator,
+                                                                          scores)
+    return running_max, running_sum, accumulator + probs * value.to(tl.float32)[None, :]
 
 
 @triton.jit
@@ -77,30 +114,11 @@ def _paged_decode_kernel(
     query_offsets = sequence * stride_query_sequence + heads[:, None] * stride_query_head + dims[None, :]
     query = tl.load(query_ptr + query_offsets, mask=row_mask, other=0.0)  # (G, D)
 
-    running_max = tl.full([GROUP_PAD], NEGATIVE_LARGE, tl.float32)
-    running_sum = tl.zeros([GROUP_PAD], tl.float32)
-    accumulator = tl.zeros([GROUP_PAD, HEAD_PAD], tl.float32)
-    tile_offsets = tl.arange(0, TILE)
-    for tile_start in range(start, end, TILE):
-        positions = tile_start + tile_offsets
-        position_mask = positions < end
-        block_ids = tl.load(block_tables_ptr + sequence * stride_table_sequence + positions // BLOCK_SIZE,
-                            mask=position_mask, other=0).to(tl.int64)
-        token_offsets = (block_ids * stride_cache_block + (positions % BLOCK_SIZE) * stride_cache_token
-                         + kv_head * stride_cache_head)
-        kv_offsets = token_offsets[:, None] + dims[None, :]
-        kv_mask = position_mask[:, None] & dim_mask[None, :]
-        key = tl.load(key_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (TILE, D)
-        scores = tl.dot(query, tl.trans(key), input_precision=DOT_PRECISION) * scale  # (G, TILE) fp32
-        scores = tl.where(position_mask[None, :], scores, NEGATIVE_LARGE)
-        new_max = tl.maximum(running_max, tl.max(scores, 1))
-        correction = tl.exp(running_max - new_max)
-        probs = tl.exp(scores - new_max[:, None])
-        running_sum = running_sum * correction + tl.sum(probs, 1)
-        value = tl.load(value_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (TILE, D)
-        accumulator = accumulator * correction[:, None] + tl.dot(probs.to(value.dtype), value,
-                                                                 input_precision=DOT_PRECISION)
-        running_max = new_max
+    running_max, running_sum, accumulator = _attend_cached_tiles(
+        query, scale, tl.full([GROUP_PAD], NEGATIVE_LARGE, tl.float32), tl.zeros([GROUP_PAD], tl.float32),
+        tl.zeros([GROUP_PAD, HEAD_PAD], tl.float32), key_cache_ptr, value_cache_ptr, block_tables_ptr, sequence,
+        kv_head, start, end, dims, dim_mask, stride_table_sequence, stride_cache_block, stride_cache_token,
+        stride_cache_head, BLOCK_SIZE, TILE, DOT_PRECISION)
     if WRITE_NEW:
         if split == 0:
             running_max, running_sum, accumulator = _store_and_attend_new_token(
