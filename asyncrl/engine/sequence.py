@@ -104,7 +104,7 @@ class Sequence:
             last = self.token_ids[-1]
             if last in self.stop_token_ids or (last in eos_token_ids and not self.params.ignore_eos):
                 return "stop"
-        if num_tokens >= self.max_num_tokens or num_tokens >= max_model_len:
+        if num_tokens >= self.length_limit(max_model_len):
             return "length"
         return None
 

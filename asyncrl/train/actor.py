@@ -24,8 +24,7 @@ from asyncrl.train.metric_sums import MetricSums
 from asyncrl.train.nonfinite import NonFiniteGuard
 from asyncrl.train.micro_batches import micro_batches
 from asyncrl.train.mini_batches import mini_batch_plan
-from asyncrl.train.parallel import (all_reduce_sum, clip_gradients, defer_gradient_reduction, local_shard, reshard_all,
-                                    world_size)
+from asyncrl.train.parallel import accumulating, all_reduce_sum, clip_gradients, local_shard, reshard_all, world_size
 from asyncrl.train.update_spec import PolicyUpdateSpec
 
 # Token-mean metrics of the policy losses and rollout correction, reduced over tokens of all ranks.
@@ -68,9 +67,7 @@ class PolicyTrainer:
             [float(mini_batch.response_mask.sum()), float(count_sequences(mini_batch.response_mask))], self.device)
         self.optimizer.zero_grad(set_to_none=True)
         plan = micro_batches(mini_batch, spec.micro_batch_size, spec.max_tokens_per_micro_batch, self.device)
-        for index, (_, micro) in enumerate(plan):
-            if index in (0, len(plan) - 1):  # deferred from the first micro-batch, reduced in the last one
-                defer_gradient_reduction(self.model, defer=index < len(plan) - 1)
+        for _, micro in accumulating(self.model, plan):
             loss = self.micro_batch_loss(micro.to(self.device), spec, num_tokens, num_seqs, sums)
             (loss * world_size()).backward()
         grad_norm = clip_gradients(self.model, spec.grad_clip)

@@ -20,7 +20,7 @@ from asyncrl.train.metric_sums import MetricSums
 from asyncrl.train.nonfinite import NonFiniteGuard
 from asyncrl.train.micro_batches import micro_batches
 from asyncrl.train.mini_batches import mini_batch_plan
-from asyncrl.train.parallel import all_reduce_sum, clip_gradients, defer_gradient_reduction, world_size
+from asyncrl.train.parallel import accumulating, all_reduce_sum, clip_gradients, world_size
 from asyncrl.train.update_spec import CriticUpdateSpec
 
 
@@ -57,9 +57,7 @@ class CriticTrainer:
             [float(mini_batch.response_mask.sum()), float(count_sequences(mini_batch.response_mask))], self.device)
         self.optimizer.zero_grad(set_to_none=True)
         plan = micro_batches(mini_batch, spec.micro_batch_size, spec.max_tokens_per_micro_batch, self.device)
-        for index, (_, micro) in enumerate(plan):
-            if index in (0, len(plan) - 1):  # deferred from the first micro-batch, reduced in the last one
-                defer_gradient_reduction(self.model, defer=index < len(plan) - 1)
+        for _, micro in accumulating(self.model, plan):
             micro = micro.to(self.device)
             predicted = response_values(self.model, micro)
             loss, loss_metrics = value_loss(

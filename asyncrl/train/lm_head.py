@@ -125,13 +125,18 @@ def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _scaled_log_softmax(logits: Tensor, temperature: float) -> Tensor:
+    """log softmax(logits / T) (c, V) in at least float32: a fresh buffer, which callers may modify in place."""
+    log_probs = logits.to(_softmax_dtype(logits.dtype)) / temperature  # scaled logits, then log-probs in place
+    return log_probs.sub_(torch.logsumexp(log_probs, dim=-1, keepdim=True))
+
+
 def chunk_statistics(logits: Tensor, target_ids: Tensor, temperature: float,
                      with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
     """logits (c, V) of W h -> log softmax(logits / T)[y] (c,) and, if asked, the entropy (c,), in float32.
 
     In-place steps keep eager runs (CPU) at two (c, V) float32 buffers; compiled, they fuse anyway."""
-    log_probs = logits.to(_softmax_dtype(logits.dtype)) / temperature  # scaled logits, then log-probs in place
-    log_probs.sub_(torch.logsumexp(log_probs, dim=-1, keepdim=True))  # (c, V)
+    log_probs = _scaled_log_softmax(logits, temperature)  # (c, V)
     target_log_probs = log_probs.gather(1, target_ids[:, None]).squeeze(1)
     if not with_entropy:
         return target_log_probs, None
@@ -143,8 +148,7 @@ def chunk_grad_logits(logits: Tensor, target_ids: Tensor, grad_log_probs: Tensor
                       entropy: Optional[Tensor], temperature: float) -> Tensor:
     """dL/d(W h) (c, V) of one chunk in the logits' dtype, 1/T included: p (a + b log p) + onehot(y) g_lp / T,
     where a = -(g_lp + g_H H) / T and b = -g_H / T."""
-    log_probs = logits.to(_softmax_dtype(logits.dtype)) / temperature
-    log_probs.sub_(torch.logsumexp(log_probs, dim=-1, keepdim=True))  # (c, V)
+    log_probs = _scaled_log_softmax(logits, temperature)  # (c, V)
     scaled_grad_log_probs = (grad_log_probs / temperature)[:, None]  # (c, 1)
     if grad_entropy is None:
         grad = log_probs.exp_().mul_(-scaled_grad_log_probs)

@@ -11,8 +11,9 @@ parameters), so no rank holds more than the root and one layer in full.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,8 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+
+T = TypeVar("T")
 
 
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: torch.device,
@@ -58,6 +61,16 @@ def reshard_without_grad(layer: FSDPModule, inputs: object, output: object) -> N
     lists the masters calls `reshard_all` first, which also covers the root unit.)"""
     if not torch.is_grad_enabled():
         layer.reshard()
+
+
+def accumulating(model: nn.Module, micro_batches: Sequence[T]) -> Iterator[T]:
+    """The micro-batches of one optimizer step, with gradient reduction deferred to the last one on a single
+    rank (`defer_gradient_reduction`; two FSDP calls per step, not one per micro-batch)."""
+    last = len(micro_batches) - 1
+    for index, micro_batch in enumerate(micro_batches):
+        if index in (0, last):
+            defer_gradient_reduction(model, defer=index < last)
+        yield micro_batch
 
 
 def defer_gradient_reduction(model: nn.Module, defer: bool) -> None:

@@ -53,6 +53,8 @@ class TrainerWorker:
         self.config = config
         self.device = resolve_device(config.trainer.device)
         self.param_dtype = compute_dtype(config.model.dtype, self.device)
+        if self.device.type == "cuda":
+            avoid_per_shape_attention_plans()  # micro-batch shapes change from one to the next
         torch.manual_seed(config.trainer.seed)
         self.rank = rank
         self.mesh = init_process_group(rank, world_size, master_addr, master_port, self.device)
@@ -83,8 +85,6 @@ class TrainerWorker:
         # Master weights stay fp32; FSDP's mixed-precision policy casts them to the compute dtype.
         model = load_model(folder, dtype=torch.float32, device=self.device, kind=kind)
         model.set_gradient_checkpointing(self.config.model.gradient_checkpointing)
-        if self.device.type == "cuda":
-            avoid_per_shape_attention_plans()  # micro-batch shapes change from one to the next
         if self.config.model.compile and self.device.type == "cuda":
             compile_decoder_layers(model)
         return shard_model(model, self.mesh, self.param_dtype)
