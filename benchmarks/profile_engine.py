@@ -1,6 +1,6 @@
 """Where a decode step's time goes: host work (scheduling, inputs) vs GPU kernels, per kernel.
 
-    python benchmarks/profile_engine.py --model qwen2.5-0.5b --batch 256 --prompt-len 1024
+    python benchmarks/profile_engine.py --model qwen2.5-0.5b --batch 256 --prompt-len 1024 [--min-prompt-len 128]
 Prints the wall time per decode step, the GPU busy time per step, and the top GPU kernels.
 """
 
@@ -19,6 +19,7 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-0.5b")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=1024)
+    parser.add_argument("--min-prompt-len", type=int, default=None, help="prompt lengths uniform from this one")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--enforce-eager", action="store_true")
     options = parser.parse_args()
@@ -26,8 +27,10 @@ def main() -> None:
     engine = LLMEngine(model, EngineConfig(device="cuda", max_num_seqs=options.batch, gpu_memory_utilization=0.6,
                                            enforce_eager=options.enforce_eager, max_num_batched_tokens=16384))
     generator = torch.Generator().manual_seed(0)
+    min_prompt_len = options.min_prompt_len or options.prompt_len
     for index in range(options.batch):
-        prompt = torch.randint(0, 150000, (options.prompt_len,), generator=generator).tolist()
+        length = int(torch.randint(min_prompt_len, options.prompt_len + 1, (), generator=generator))
+        prompt = torch.randint(0, 150000, (length,), generator=generator).tolist()
         engine.add_request(GenerationRequest(str(index), prompt, SamplingParams(max_new_tokens=512, ignore_eos=True,
                                                                                  seed=index)))
     while engine.scheduler.waiting:  # prefill everything
@@ -47,8 +50,8 @@ def main() -> None:
     events = profiler.key_averages()
     gpu_total = sum(event.self_device_time_total for event in events) / 1e3 / options.steps
     print(f"decode step: wall {wall * 1e3:.2f} ms, GPU busy {gpu_total:.2f} ms (batch {options.batch}, "
-          f"context ~{options.prompt_len + 20})")
-    print(events.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60))
+          f"context ~{(min_prompt_len + options.prompt_len) // 2 + 20})")
+    print(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
 
 
 if __name__ == "__main__":

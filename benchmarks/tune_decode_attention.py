@@ -1,8 +1,10 @@
 """Sweep the paged decode kernel's launch parameters on one decode step's shapes and report KV bandwidth.
 
-    python benchmarks/tune_decode_attention.py --model qwen2.5-0.5b --batch 256 --context 1044
+    python benchmarks/tune_decode_attention.py --model qwen2.5-0.5b --batch 256 --context 1044 [--spread 896]
 Each configuration is timed with CUDA events over 50 launches after a warm-up; bandwidth counts the K and V
 bytes every program must read (the step's floor), so it compares directly with the device's 4.8 TB/s.
+With `--spread`, context lengths are uniform in context +- spread / 2 (a real batch's mix), in random order
+or longest first (`--longest-first`).
 """
 
 import argparse
@@ -32,10 +34,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--context", type=int, default=1044)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--spread", type=int, default=0)
+    parser.add_argument("--longest-first", action="store_true")
     options = parser.parse_args()
     config = qwen2_config(options.model)
     heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    blocks_per_sequence = -(-options.context // options.block_size)
+    longest = options.context + options.spread // 2
+    blocks_per_sequence = -(-longest // options.block_size)
     num_blocks = options.batch * blocks_per_sequence
     generator = torch.Generator(device="cuda").manual_seed(0)
     shape = (num_blocks, options.block_size, kv_heads, dim)
@@ -43,10 +48,14 @@ def main() -> None:
     value_cache = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator)
     # Shuffled blocks, as a long-running cache hands them out.
     tables = torch.randperm(num_blocks, device="cuda", generator=generator).view(options.batch, -1).to(torch.int32)
-    lengths = torch.full((options.batch,), options.context, device="cuda", dtype=torch.int32)
+    lengths = torch.randint(options.context - options.spread // 2, longest + 1, (options.batch,), device="cuda",
+                            generator=generator, dtype=torch.int32)
+    if options.longest_first:
+        lengths = lengths.sort(descending=True).values
     query = torch.randn((options.batch, heads, dim), device="cuda", dtype=torch.bfloat16, generator=generator)
-    kv_bytes = 2 * options.batch * options.context * kv_heads * dim * 2
-    print(f"{options.model}: batch {options.batch}, context {options.context}, KV read {kv_bytes / 1e6:.0f} MB")
+    kv_bytes = 2 * int(lengths.sum()) * kv_heads * dim * 2
+    print(f"{options.model}: batch {options.batch}, context {options.context} +- {options.spread // 2}"
+          f"{' longest first' if options.longest_first else ''}, KV read {kv_bytes / 1e6:.0f} MB")
     reference = paged_decode_attention(query, key_cache, value_cache, tables, lengths)
     results = []
     for splits, tile, warps, stages in itertools.product((1, 2), (32, 64, 128), (2, 4), (2, 3, 4)):

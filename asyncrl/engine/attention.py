@@ -29,10 +29,11 @@ class DecodeKernel(Protocol):
 
     def __call__(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                  context_lens: Tensor, num_splits: int, *, new_key: Tensor, new_value: Tensor,
-                 write_slots: Tensor) -> Tensor:
+                 write_slots: Tensor, row_order: Tensor | None) -> Tensor:
         """query (S, Hq, D); caches (num_blocks + 1, block_size, Hkv, D); block_tables (S, W) int32;
         context_lens (S,) int32 including the new token; new_key/new_value (S, Hkv, D) stored at write_slots
-        (S,) by the kernel -> (S, Hq, D)."""
+        (S,) by the kernel; row_order (S,) int32 the order the sequences' programs start in (None: as given)
+        -> (S, Hq, D)."""
         ...
 
 
@@ -52,6 +53,9 @@ class AttentionMetadata:
     max_context_len: int
     is_decode: bool  # every row has exactly one new token, the last of its context
     num_splits: int = 1  # context splits of the decode kernel (a static choice per CUDA-graph bucket)
+    # (R,) int32 decode rows by descending context length: the decode kernel starts their programs in this
+    # order, so the longest finish early enough (a batch's contexts differ by up to thousands of tokens).
+    row_order: Tensor | None = None
 
 
 class PagedAttention:
@@ -69,7 +73,7 @@ class PagedAttention:
             # The kernel stores the new key/value itself: one launch per layer instead of three.
             return self.decode_kernel(query, key_cache, value_cache, metadata.block_tables, metadata.context_lens,
                                       metadata.num_splits, new_key=key, new_value=value,
-                                      write_slots=metadata.write_slots)
+                                      write_slots=metadata.write_slots, row_order=metadata.row_order)
         self.kv_cache.write(layer_index, key, value, metadata.write_rows, metadata.write_slots)
         if self.decode_kernel is None:
             return torch_paged_attention(query, key_cache, value_cache, metadata)

@@ -51,6 +51,7 @@ class DecodeGraphs:
         self.write_slots = torch.zeros(size, dtype=torch.int64, device=device)
         self.block_tables = torch.zeros((size, max_blocks_per_sequence), dtype=torch.int32, device=device)
         self.context_lens = torch.ones(size, dtype=torch.int32, device=device)
+        self.row_order = torch.arange(size, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Tensor] = {}  # bucket -> (bucket, hidden) static output
         self.pool = None  # one memory pool shared by all buckets (they never run at the same time)
@@ -79,6 +80,7 @@ class DecodeGraphs:
         self.write_slots[:num_sequences].copy_(metadata.write_slots)
         self.block_tables[:num_sequences, :metadata.block_tables.shape[1]].copy_(metadata.block_tables)
         self.context_lens[:num_sequences].copy_(metadata.context_lens)
+        self.row_order[:num_sequences].copy_(metadata.row_order)
         if bucket > num_sequences:
             self._pad(num_sequences, bucket)
 
@@ -90,6 +92,7 @@ class DecodeGraphs:
         self.write_slots[start:stop].fill_(sink * self.kv_cache.block_size)
         self.block_tables[start:stop, 0].fill_(sink)
         self.context_lens[start:stop].fill_(1)
+        self.row_order[start:stop] = torch.arange(start, stop, dtype=torch.int32, device=self.row_order.device)
 
     def capture_all(self) -> None:
         """Captures every bucket now (largest first, so smaller ones reuse its pool) on padding rows only."""
@@ -106,7 +109,8 @@ class DecodeGraphs:
             context_lens=self.context_lens[:bucket], query_lens=torch.ones(bucket, dtype=torch.int64, device=device),
             query_token_indices=torch.arange(bucket, device=device), max_query_len=1,
             max_context_len=self.block_tables.shape[1] * self.kv_cache.block_size, is_decode=True,
-            num_splits=decode_num_splits(bucket, self.kv_cache.num_kv_heads, self.num_processors))
+            num_splits=decode_num_splits(bucket, self.kv_cache.num_kv_heads, self.num_processors),
+            row_order=self.row_order[:bucket])
         attention = PagedAttention(self.kv_cache, metadata, self.decode_kernel)
         input_ids, positions = self.input_ids[:bucket], self.positions[:bucket]
         return lambda: self.model(input_ids, positions, attention)

@@ -183,6 +183,7 @@ def _decode_arrays(batch: ScheduledBatch, block_size: int, block_tables_cache: B
         "write_slots": current_blocks * block_size + positions % block_size,
         "block_tables": block_tables,
         "context_lens": (positions + 1).astype(np.int32),
+        "row_order": np.argsort(-positions, kind="stable").astype(np.int32),  # longest context first
         "query_lens": np.ones(num_sequences, dtype=np.int64),
         "query_token_indices": np.arange(num_sequences, dtype=np.int64),
         "last_token_indices": np.arange(num_sequences, dtype=np.int64),
@@ -215,7 +216,8 @@ def build_step_inputs(batch: ScheduledBatch, block_size: int, block_tables_cache
         block_tables=tensors["block_tables"], context_lens=tensors["context_lens"],
         query_lens=tensors["query_lens"], query_token_indices=tensors["query_token_indices"],
         max_query_len=int(arrays["query_lens"].max()), max_context_len=int(arrays["context_lens"].max()),
-        is_decode=not batch.is_prefill, num_splits=num_splits)
+        is_decode=not batch.is_prefill, num_splits=num_splits,
+        row_order=None if batch.is_prefill else tensors["row_order"])
     sampling = SamplingInputs(
         temperatures=tensors["temperatures"], top_k=tensors["top_k"], top_p=tensors["top_p"], keys=tensors["keys"],
         max_top_k=sampling_cache.max_top_k, use_top_p=sampling_cache.use_top_p)

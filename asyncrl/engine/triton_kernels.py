@@ -90,15 +90,19 @@ def _store_and_attend_new_token(
 def _paged_decode_kernel(
     query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, context_lens_ptr,
     output_ptr, partial_output_ptr, partial_max_ptr, partial_sum_ptr,
-    new_key_ptr, new_value_ptr, write_slots_ptr, stride_key_sequence, stride_key_head, stride_value_sequence,
+    new_key_ptr, new_value_ptr, write_slots_ptr, row_order_ptr, stride_key_sequence, stride_key_head, stride_value_sequence,
     stride_value_head, scale, stride_query_sequence, stride_query_head,
     stride_cache_block, stride_cache_token, stride_cache_head,
     stride_table_sequence, stride_output_sequence, stride_output_head,
     NUM_HEADS: tl.constexpr, GROUP_SIZE: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, WRITE_NEW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WRITE_NEW: tl.constexpr, ORDERED: tl.constexpr,
 ):
-    sequence, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # Programs start in launch order, the first grid axis fastest: a sequence's (head, split) programs are
+    # adjacent, and with a row order the longest contexts start first (no long program starts last).
+    kv_head, split, sequence = tl.program_id(0) // NUM_SPLITS, tl.program_id(0) % NUM_SPLITS, tl.program_id(1)
+    if ORDERED:
+        sequence = tl.load(row_order_ptr + sequence)
     context_len = tl.load(context_lens_ptr + sequence)
     cached_len = context_len - 1 if WRITE_NEW else context_len  # the newest position comes from registers
     tiles_per_split = tl.cdiv(tl.cdiv(cached_len, TILE), NUM_SPLITS)
@@ -169,7 +173,7 @@ TILE_ELEMENTS = 8192
 def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                            context_lens: Tensor, num_splits: int = 1, tile: int | None = None, num_warps: int = 4,
                            num_stages: int = 3, new_key: Tensor | None = None, new_value: Tensor | None = None,
-                           write_slots: Tensor | None = None) -> Tensor:
+                           write_slots: Tensor | None = None, row_order: Tensor | None = None) -> Tensor:
     """query (S, Hq, D) of each sequence's newest token; key/value caches (num_blocks, block_size, Hkv, D);
     block_tables (S, W) int32; context_lens (S,) int32 (>= 1) -> (S, Hq, D) in the query's dtype.
     `num_splits` divides each context among that many programs (more parallelism for small batches);
@@ -177,7 +181,11 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
 
     With new_key/new_value (S, Hkv, D) and write_slots (S,) int64, the kernel also stores the step's new
     key/value at their slots (the last of each context) and attends to them from registers: one launch per
-    layer instead of a cache write (two copies) and an attention launch."""
+    layer instead of a cache write (two copies) and an attention launch.
+
+    `row_order` (S,) int32, a permutation of the sequences, is the order their programs start in: longest
+    context first keeps a mixed batch's longest programs from starting last (measured on an H200 at 256
+    sequences with contexts 640-1536: 52 -> 43 us per layer)."""
     write_new = new_key is not None
     if write_new and (new_value is None or write_slots is None or new_key.stride(2) != 1 or new_value.stride(2) != 1):
         raise ValueError("paged_decode_attention: new_key and new_value (head dimension contiguous) and write_slots "
@@ -196,10 +204,10 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
         partial_sum = torch.empty_like(partial_max)
         partial_output = torch.empty((*partial_max.shape, head_pad), dtype=torch.float32, device=query.device)
     new_key, new_value, write_slots = (new_key, new_value, write_slots) if write_new else (query, query, context_lens)
-    _paged_decode_kernel[(num_sequences, num_kv_heads, num_splits)](
+    _paged_decode_kernel[(num_kv_heads * num_splits, num_sequences)](
         query, key_cache, value_cache, block_tables, context_lens,
         output, partial_output, partial_max, partial_sum,
-        new_key, new_value, write_slots, new_key.stride(0), new_key.stride(1), new_value.stride(0), new_value.stride(1),
+        new_key, new_value, write_slots, row_order if row_order is not None else context_lens, new_key.stride(0), new_key.stride(1), new_value.stride(0), new_value.stride(1),
         head_dim**-0.5, query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0), output.stride(0), output.stride(1),
@@ -207,7 +215,7 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
         GROUP_PAD=max(MIN_DOT_SIZE, triton.next_power_of_2(group_size)),
         HEAD_DIM=head_dim, HEAD_PAD=head_pad, BLOCK_SIZE=block_size, TILE=max(MIN_DOT_SIZE, tile),
         NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", WRITE_NEW=write_new,
-        num_warps=num_warps, num_stages=num_stages,
+        ORDERED=row_order is not None, num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_sequences, num_heads)](
@@ -236,21 +244,25 @@ def _gumbel_sample_kernel(
     partial_max_ptr, partial_sum_ptr, partial_score_ptr, partial_scaled_ptr, partial_index_ptr,
     vocab_size, stride_logits, split_size, NUM_SPLITS: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    """One (row, vocabulary split): the split's logsumexp pieces and its best Gumbel score, for the merge."""
+    """One (row, vocabulary split): the split's logsumexp pieces and its best Gumbel score, for the merge.
+
+    Each lane keeps its own running max, sum, best candidate and its id, so the loop only streams logits;
+    the lanes are reduced once at the end (a cross-lane reduction per tile cost more than the arithmetic).
+    The Gumbel race argmax(x / T + g), g = -log(E), E = -log(u), runs as argmax(exp(x / T - m) / E) against
+    the lane's running max m: the same winner with one logarithm per logit instead of two, since the
+    exponential is the one the logsumexp needs anyway (the logarithms set the sampler's cost)."""
     row = tl.program_id(0)
     split = tl.program_id(1)
     temperature = tl.load(temperatures_ptr + row)
     is_greedy = temperature == 0.0
     divisor = tl.where(is_greedy, 1.0, temperature)
-    noise_scale = tl.where(is_greedy, 0.0, 1.0)
     threshold = tl.load(thresholds_ptr + row)
     key = tl.load(keys_ptr + row).to(tl.uint32)
     offsets = tl.arange(0, BLOCK_V)
-    running_max = tl.full([], NEGATIVE_LARGE, tl.float32)
-    running_sum = tl.zeros([], tl.float32)
-    best_score = tl.full([], float("-inf"), tl.float32)
-    best_scaled = tl.zeros([], tl.float32)
-    best_index = tl.zeros([], tl.int64)
+    lane_max = tl.full([BLOCK_V], NEGATIVE_LARGE, tl.float32)
+    lane_sum = tl.zeros([BLOCK_V], tl.float32)
+    lane_ratio = tl.full([BLOCK_V], -1.0, tl.float32)  # best exp(x / T - lane_max) / E; negative: none yet
+    lane_index = tl.zeros([BLOCK_V], tl.int32)
     split_start = split * split_size
     split_stop = tl.minimum(split_start + split_size, vocab_size)
     for start in range(split_start, split_stop, BLOCK_V):
@@ -260,27 +272,34 @@ def _gumbel_sample_kernel(
         logits = tl.load(logits_ptr + row * stride_logits + vocab_ids, mask=vocab_mask,
                          other=float("-inf")).to(tl.float32)
         scaled = logits / divisor
-        # Online logsumexp of the scaled logits (the log-prob normaliser over the full vocabulary).
-        new_max = tl.maximum(running_max, tl.max(scaled, 0))
-        running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(scaled - new_max), 0)
-        running_max = new_max
+        # One exp per logit: exp(-|x - m|) is the new term under the old max or the old max's decay.
+        decay = tl.exp(-tl.abs(scaled - lane_max))
+        is_new_max = scaled > lane_max
+        lane_sum = tl.where(is_new_max, lane_sum * decay + 1.0, lane_sum + decay)
+        lane_ratio = tl.where(is_new_max, lane_ratio * decay, lane_ratio)  # rescaled to the new max
+        lane_max = tl.maximum(lane_max, scaled)
         bits = _mix_32(key + vocab_ids.to(tl.uint32) * 0x9E3779B9)
         uniform = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
-        gumbel = -tl.log(-tl.log(uniform))
-        scores = tl.where(vocab_mask & (logits >= threshold), scaled + gumbel * noise_scale, float("-inf"))
-        tile_best = tl.max(scores, 0)
-        tile_index = tl.argmax(scores, 0)
-        tile_scaled = tl.sum(tl.where(offsets == tile_index, scaled, 0.0), 0)
-        is_better = tile_best > best_score  # strict: the first maximum wins, as torch.argmax
-        best_score = tl.where(is_better, tile_best, best_score)
-        best_scaled = tl.where(is_better, tile_scaled, best_scaled)
-        best_index = tl.where(is_better, (start + tile_index).to(tl.int64), best_index)
+        exponential = tl.where(is_greedy, 1.0, -tl.log(uniform))
+        ratio = tl.where(is_new_max, 1.0, decay) / exponential
+        # strict: within a lane the lower vocabulary id wins a tie
+        is_better = vocab_mask & (logits >= threshold) & (ratio > lane_ratio)
+        lane_ratio = tl.where(is_better, ratio, lane_ratio)
+        lane_index = tl.where(is_better, vocab_ids, lane_index)
+    split_max = tl.max(lane_max, 0)
+    # Back to the reference's scale, x / T + g = log(ratio) + m: one logarithm per lane.
+    lane_score = tl.where(lane_ratio > 0.0, tl.log(tl.maximum(lane_ratio, 1e-30)) + lane_max, float("-inf"))
+    best_score = tl.max(lane_score, 0)
+    # Across lanes the lowest id among the best wins, as torch.argmax's first maximum (greedy rows tie).
+    best_index = tl.min(tl.where(lane_score == best_score, lane_index, vocab_size), 0)
+    best_index = tl.minimum(best_index, vocab_size - 1)  # a split with no candidate: any id, score -inf
+    best_scaled = tl.load(logits_ptr + row * stride_logits + best_index).to(tl.float32) / divisor
     slot = row * NUM_SPLITS + split
-    tl.store(partial_max_ptr + slot, running_max)
-    tl.store(partial_sum_ptr + slot, running_sum)
+    tl.store(partial_max_ptr + slot, split_max)
+    tl.store(partial_sum_ptr + slot, tl.sum(lane_sum * tl.exp(lane_max - split_max), 0))
     tl.store(partial_score_ptr + slot, best_score)
     tl.store(partial_scaled_ptr + slot, best_scaled)
-    tl.store(partial_index_ptr + slot, best_index)
+    tl.store(partial_index_ptr + slot, best_index.to(tl.int64))
 
 
 @triton.jit
@@ -311,7 +330,7 @@ def _merge_samples_kernel(
 
 
 def fused_sample(logits: Tensor, temperatures: Tensor, thresholds: Tensor, keys: Tensor,
-                 block_vocab: int = 2048, num_splits: int = 8) -> tuple[Tensor, Tensor]:
+                 block_vocab: int = 512, num_splits: int = 16) -> tuple[Tensor, Tensor]:
     """The Triton twin of `sampler.sample_reference` in one pass over the logits: logits (S, V) fp32 or
     bf16, temperatures (S,) (0 = greedy), thresholds (S,) raw logits, keys (S,) int64 -> token ids (S,)
     int64, log-probs (S,) fp32. The vocabulary is cut into `num_splits` ranges run by separate programs

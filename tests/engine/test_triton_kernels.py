@@ -94,6 +94,28 @@ def test_paged_decode_that_stores_the_new_token_equals_a_cache_write_then_attent
     assert (output.float() - expected.float()).abs().max().item() <= tolerance
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_paged_decode_row_order_changes_only_which_programs_start_first(num_splits):
+    """Launching the sequences longest context first (as the engine does) gives every sequence exactly the
+    output, and the cache writes, of the unordered launch."""
+    from asyncrl.engine.triton_kernels import paged_decode_attention
+
+    dtype = torch.bfloat16 if IS_CUDA else torch.float32
+    context_lens = [5, 70, 1, 17, 16]
+    query, key_cache, value_cache, tables, lengths = paged_case(context_lens, 14, 2, 64, 4, dtype)
+    positions = lengths.long() - 1
+    slots = tables.long().gather(1, (positions // 4)[:, None]).squeeze(1) * 4 + positions % 4
+    new_key, new_value = torch.randn((2, len(context_lens), 2, 64), generator=torch.Generator().manual_seed(2)).to(
+        DEVICE, dtype)
+    row_order = torch.tensor([1, 3, 4, 0, 2], dtype=torch.int32, device=DEVICE)  # by descending length
+    caches = [(key_cache.clone(), value_cache.clone()) for _ in range(2)]
+    outputs = [paged_decode_attention(query, keys, values, tables, lengths, num_splits=num_splits, tile=16,
+                                      new_key=new_key, new_value=new_value, write_slots=slots, row_order=order)
+               for (keys, values), order in zip(caches, [None, row_order])]
+    assert torch.equal(outputs[0], outputs[1])
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+
+
 @pytest.mark.parametrize("num_splits, dtype", [(1, torch.float32), (3, torch.float32), (8, torch.bfloat16)])
 def test_fused_sample_matches_the_torch_sampler(num_splits, dtype):
     """Any vocabulary split gives the torch sampler's tokens; bf16 logits sample as their fp32 widening."""
@@ -112,6 +134,25 @@ def test_fused_sample_matches_the_torch_sampler(num_splits, dtype):
     assert token_ids.tolist() == expected_ids.tolist()
     assert (log_probs - expected_log_probs).abs().max().item() <= 1e-4
     assert logits[3, token_ids[3]] >= thresholds[3]
+
+
+def test_fused_sample_picks_the_reference_token_on_many_rows():
+    """The kernel's ratio form of the Gumbel race (one logarithm per logit) selects the reference's token on
+    every one of 200 rows with mixed temperatures, including greedy rows whose best logit is tied."""
+    from asyncrl.engine.triton_kernels import fused_sample
+
+    generator = torch.Generator().manual_seed(3)
+    logits = (4 * torch.randn((200, 1000), generator=generator)).to(DEVICE)
+    logits[::5, 17] = logits[::5, 600] = logits[::5].max(dim=1).values + 1.0  # ties: the lower id must win
+    temperatures = torch.rand(200, generator=generator).to(DEVICE) * 1.5 + 0.1
+    temperatures[::5] = 0.0
+    thresholds = torch.full((200,), float("-inf"), device=DEVICE)
+    keys = row_keys(torch.arange(200, device=DEVICE), torch.full((200,), 11, device=DEVICE))
+    expected_ids, expected_log_probs = sample_reference(logits, temperatures, thresholds, keys)
+    token_ids, log_probs = fused_sample(logits, temperatures, thresholds, keys, block_vocab=128, num_splits=4)
+    assert token_ids.tolist() == expected_ids.tolist()
+    assert token_ids[::5].eq(17).all()
+    assert (log_probs - expected_log_probs).abs().max().item() <= 1e-4
 
 
 @interpreter_only
