@@ -12,7 +12,7 @@ from asyncrl.models import build_tiny_model, load_model
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch, TrainerWorker, shard_batch
 from asyncrl.train.forward import dense_positions
 from asyncrl.train.metric_sums import MetricSums
-from asyncrl.train.parallel import defer_gradient_reduction, reshard_all
+from asyncrl.train.parallel import clip_gradients, defer_gradient_reduction, reshard_all
 
 from .helpers import make_batch, run_in_processes, trainer_config
 
@@ -256,3 +256,29 @@ def test_deferred_gradient_reduction_on_one_rank_skips_the_first_reduction_and_s
     for name, gradient in direct[1].items():
         np.testing.assert_allclose(deferred[1][name], gradient, rtol=0, atol=1e-7, err_msg=name)
     assert all(np.abs(gradient).max() > 0 for gradient in direct[1].values())
+
+
+def clipped_gradients(rank, world_size, port, model_path, max_norm):
+    """Every rank backpropagates the same batch (so the reduced gradient is the one-process gradient), then
+    clips: full gradients before and after, and the returned norm."""
+    worker = TrainerWorker(trainer_config(model_path), rank, world_size, "127.0.0.1", port, total_training_steps=10)
+    model, batch = worker.actor.model, make_batch(seed=4)
+    spec = PolicyUpdateSpec.from_config(worker.config, batch.num_rows, step=0)
+    worker.actor.micro_batch_loss(batch, spec, 40.0, 12.0, MetricSums()).backward()
+    before = {name: p.grad.full_tensor().clone().numpy() for name, p in model.named_parameters()}
+    norm = clip_gradients(model, max_norm)
+    after = {name: p.grad.full_tensor().clone().numpy() for name, p in model.named_parameters()}
+    return before, norm, after
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_gradient_clipping_on_shards_equals_the_global_norm_and_scale(model_path, world_size):
+    """The norm is the global L2 norm over every full gradient (not one rank's shards), and clipping scales
+    each gradient by max_norm / (norm + 1e-6), as torch's clip_grad_norm_."""
+    for before, norm, after in run_in_processes(clipped_gradients, world_size, model_path, 0.05):
+        expected_norm = np.sqrt(sum(np.square(g.astype(np.float64)).sum() for g in before.values()))
+        assert norm == pytest.approx(expected_norm, rel=1e-5)
+        assert expected_norm > 0.05  # the clip is active
+        scale = 0.05 / (expected_norm + 1e-6)
+        for name, gradient in before.items():
+            np.testing.assert_allclose(after[name], gradient * scale, rtol=1e-5, atol=1e-9, err_msg=name)
