@@ -52,6 +52,7 @@ class DecodeGraphs:
         self.block_tables = torch.zeros((size, max_blocks_per_sequence), dtype=torch.int32, device=device)
         self.context_lens = torch.ones(size, dtype=torch.int32, device=device)
         self.row_order = torch.arange(size, dtype=torch.int32, device=device)
+        self.identity_order = self.row_order.clone()  # padding rows keep their own place in the order
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Tensor] = {}  # bucket -> (bucket, hidden) static output
         self.pool = None  # one memory pool shared by all buckets (they never run at the same time)
@@ -92,7 +93,7 @@ class DecodeGraphs:
         self.write_slots[start:stop].fill_(sink * self.kv_cache.block_size)
         self.block_tables[start:stop, 0].fill_(sink)
         self.context_lens[start:stop].fill_(1)
-        self.row_order[start:stop] = torch.arange(start, stop, dtype=torch.int32, device=self.row_order.device)
+        self.row_order[start:stop].copy_(self.identity_order[start:stop])
 
     def capture_all(self) -> None:
         """Captures every bucket now (largest first, so smaller ones reuse its pool) on padding rows only."""
