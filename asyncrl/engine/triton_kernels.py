@@ -239,6 +239,21 @@ def _mix_32(values):
 
 
 @triton.jit
+def _reduce_lanes(lane_max, lane_sum, lane_ratio, lane_index, vocab_size):
+    """The lanes of one (row, split) reduced to its logsumexp pieces (max, sum under that max) and its best
+    candidate (score on the reference's scale, vocabulary id)."""
+    split_max = tl.max(lane_max, 0)
+    split_sum = tl.sum(lane_sum * tl.exp(lane_max - split_max), 0)
+    # Back to the reference's scale, x / T + g = log(ratio) + m: one logarithm per lane.
+    lane_score = tl.where(lane_ratio > 0.0, tl.log(tl.maximum(lane_ratio, 1e-30)) + lane_max, float("-inf"))
+    best_score = tl.max(lane_score, 0)
+    # Across lanes the lowest id among the best wins, as torch.argmax's first maximum (greedy rows tie).
+    best_index = tl.min(tl.where(lane_score == best_score, lane_index, vocab_size), 0)
+    best_index = tl.minimum(best_index, vocab_size - 1)  # a split with no candidate: any id, score -inf
+    return split_max, split_sum, best_score, best_index
+
+
+@triton.jit
 def _gumbel_sample_kernel(
     logits_ptr, temperatures_ptr, thresholds_ptr, keys_ptr,
     partial_max_ptr, partial_sum_ptr, partial_score_ptr, partial_scaled_ptr, partial_index_ptr,
@@ -286,17 +301,12 @@ def _gumbel_sample_kernel(
         is_better = vocab_mask & (logits >= threshold) & (ratio > lane_ratio)
         lane_ratio = tl.where(is_better, ratio, lane_ratio)
         lane_index = tl.where(is_better, vocab_ids, lane_index)
-    split_max = tl.max(lane_max, 0)
-    # Back to the reference's scale, x / T + g = log(ratio) + m: one logarithm per lane.
-    lane_score = tl.where(lane_ratio > 0.0, tl.log(tl.maximum(lane_ratio, 1e-30)) + lane_max, float("-inf"))
-    best_score = tl.max(lane_score, 0)
-    # Across lanes the lowest id among the best wins, as torch.argmax's first maximum (greedy rows tie).
-    best_index = tl.min(tl.where(lane_score == best_score, lane_index, vocab_size), 0)
-    best_index = tl.minimum(best_index, vocab_size - 1)  # a split with no candidate: any id, score -inf
+    split_max, split_sum, best_score, best_index = _reduce_lanes(lane_max, lane_sum, lane_ratio, lane_index,
+                                                                 vocab_size)
     best_scaled = tl.load(logits_ptr + row * stride_logits + best_index).to(tl.float32) / divisor
     slot = row * NUM_SPLITS + split
     tl.store(partial_max_ptr + slot, split_max)
-    tl.store(partial_sum_ptr + slot, tl.sum(lane_sum * tl.exp(lane_max - split_max), 0))
+    tl.store(partial_sum_ptr + slot, split_sum)
     tl.store(partial_score_ptr + slot, best_score)
     tl.store(partial_scaled_ptr + slot, best_scaled)
     tl.store(partial_index_ptr + slot, best_index.to(tl.int64))
