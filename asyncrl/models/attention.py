@@ -136,7 +136,10 @@ class SelfAttention(nn.Module):
         if self.qkv_weight is None:
             query, key, value = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
         else:  # one matrix product instead of three (an inference engine's decode step is launch-bound)
-            query, key, value = F.linear(hidden, self.qkv_weight, self.qkv_bias).split(self.projection_sizes, dim=-1)
+            fused = F.linear(hidden, self.qkv_weight, self.qkv_bias)
+            if not self.use_qk_norm:
+                return self._rotate_query_and_key_together(fused, cos, sin)
+            query, key, value = fused.split(self.projection_sizes, dim=-1)
         query = query.view(*leading, self.num_heads, self.head_dim)  # (..., Hq, D)
         key = key.view(*leading, self.num_kv_heads, self.head_dim)  # (..., Hkv, D)
         value = value.view(*leading, self.num_kv_heads, self.head_dim)  # (..., Hkv, D)
@@ -144,6 +147,14 @@ class SelfAttention(nn.Module):
             query = self.q_norm(query)
             key = self.k_norm(key)
         return apply_rotary(query, cos, sin), apply_rotary(key, cos, sin), value
+
+    def _rotate_query_and_key_together(self, fused: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q and k are adjacent columns of the fused product: one rotary pass over all their heads (compiled,
+        one kernel per layer instead of two); query and key are views into its output."""
+        leading, num_heads = fused.shape[:-1], self.num_heads + self.num_kv_heads
+        rotated = apply_rotary(fused[..., :num_heads * self.head_dim].view(*leading, num_heads, self.head_dim), cos, sin)
+        value = fused[..., num_heads * self.head_dim:].view(*leading, self.num_kv_heads, self.head_dim)
+        return rotated[..., :self.num_heads, :], rotated[..., self.num_heads:, :], value
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, attention: AttentionBackend | None) -> Tensor:
         """Dense causal SDPA over (B, T, H, D) with attention None, else the backend over (N, H, D);
