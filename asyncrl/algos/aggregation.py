@@ -38,10 +38,14 @@ def count_sequences(mask: Tensor) -> Tensor:
     return as_bool_mask(mask).any(dim=-1).to(torch.float32).sum()
 
 
-def _denominator(count: float | int | Tensor | None, local: Tensor, like: Tensor) -> Tensor:
-    """The global count when given, the local one otherwise, as a scalar of ``like``'s dtype, at least 1."""
+def _denominator(count: float | int | Tensor | None, local: Tensor, like: Tensor) -> Tensor | float:
+    """The global count when given, the local one otherwise, at least 1: a number stays a Python float (a
+    device tensor made from it would be a blocking host-to-device copy, which on a GPU waits for every
+    queued kernel, once per loss term and micro-batch); a tensor becomes a scalar of ``like``'s dtype."""
     chosen = local if count is None else count
-    return torch.as_tensor(chosen, dtype=like.dtype, device=like.device).clamp_min(1.0)
+    if isinstance(chosen, Tensor):
+        return chosen.to(dtype=like.dtype, device=like.device).clamp_min(1.0)
+    return max(float(chosen), 1.0)
 
 
 def aggregate_loss(

@@ -19,7 +19,7 @@ from torch import Tensor
 from asyncrl.algos import POLICY_LOSSES, aggregate_loss, compute_bypass_correction, count_sequences, kl_penalty
 from asyncrl.models import CausalLM
 from asyncrl.train.batch import TrainBatch
-from asyncrl.train.forward import batched_log_probs, response_log_probs
+from asyncrl.train.forward import batched_log_probs, response_log_probs, with_token_index
 from asyncrl.train.metric_sums import MetricSums
 from asyncrl.train.nonfinite import NonFiniteGuard
 from asyncrl.train.micro_batches import micro_batches
@@ -68,16 +68,17 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         plan = micro_batches(mini_batch, spec.micro_batch_size, spec.max_tokens_per_micro_batch, self.device)
         for _, micro in accumulating(self.model, plan):
-            loss = self.micro_batch_loss(micro.to(self.device), spec, num_tokens, num_seqs, sums)
+            on_device, token_index = with_token_index(micro, self.device)
+            loss = self.micro_batch_loss(on_device, token_index, spec, num_tokens, num_seqs, sums)
             (loss * world_size()).backward()
         grad_norm = clip_gradients(self.model, spec.grad_clip)
         sums.add_step_value("grad_norm", grad_norm)
         self.guard.step(self.optimizer, grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
 
-    def micro_batch_loss(self, micro: TrainBatch, spec: PolicyUpdateSpec, num_tokens: float, num_seqs: float,
-                         sums: MetricSums) -> Tensor:
-        log_probs, entropy = response_log_probs(self.model, micro, spec.temperature, with_entropy=True)
+    def micro_batch_loss(self, micro: TrainBatch, token_index: Tensor, spec: PolicyUpdateSpec, num_tokens: float,
+                         num_seqs: float, sums: MetricSums) -> Tensor:
+        log_probs, entropy = response_log_probs(self.model, micro, spec.temperature, True, token_index)
         mask = micro.response_mask
         is_weights = micro.rollout_is_weights
         local_tokens = mask.sum()  # a device tensor: metrics stay on the device until the update ends

@@ -160,7 +160,7 @@ class TrainBatch:
     def to(self, device: torch.device | str) -> "TrainBatch":
         device = torch.device(device)
         values = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        return TrainBatch(**{name: None if value is None else _move(value, device) for name, value in values.items()})
+        return TrainBatch(**{name: None if value is None else move_tensor(value, device) for name, value in values.items()})
 
     def to_numpy(self) -> dict[str, np.ndarray]:
         return {field.name: getattr(self, field.name).cpu().numpy() for field in dataclasses.fields(self)
@@ -172,7 +172,7 @@ class TrainBatch:
         return cls(**{name: torch.from_numpy(np.array(array)) for name, array in arrays.items()})
 
 
-def _move(tensor: Tensor, device: torch.device) -> Tensor:
+def move_tensor(tensor: Tensor, device: torch.device) -> Tensor:
     """Host to GPU through pinned memory, without waiting: a copy from pageable memory first waits for every
     kernel already queued (the previous micro-batch's backward), which would stall the host each micro-batch."""
     if device.type == "cuda" and tensor.device.type == "cpu":

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.models import CausalLM, ValueModel
-from asyncrl.train.batch import TrainBatch
+from asyncrl.train.batch import TrainBatch, move_tensor
 from asyncrl.train.lm_head import token_log_probs_and_entropy
 from asyncrl.train.micro_batches import micro_batches, scatter_rows
 
@@ -29,11 +29,26 @@ def predictor_positions(batch: TrainBatch) -> Tensor:
     return batch.response_positions() - 1
 
 
-def response_log_probs(model: CausalLM, batch: TrainBatch, temperature: float,
-                       with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
-    """log-probs (B, R) of the response tokens (0 in padding columns) and, if asked, entropies (B, R)."""
+def response_token_index(response_mask: Tensor) -> Tensor:
+    """(N, 2) row and column of each response token that trains (response_mask > 0)."""
+    return torch.nonzero(response_mask > 0)
+
+
+def with_token_index(micro: TrainBatch, device: torch.device) -> tuple[TrainBatch, Tensor]:
+    """The micro-batch on `device` and its `response_token_index`, found on the host, where the mask still
+    is: `torch.nonzero` of a GPU tensor blocks the host until every queued kernel has run (the previous
+    micro-batch's backward), so the GPU would idle while the host then queues this micro-batch's work."""
+    return micro.to(device), move_tensor(response_token_index(micro.response_mask), device)
+
+
+def response_log_probs(model: CausalLM, batch: TrainBatch, temperature: float, with_entropy: bool,
+                       token_index: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
+    """log-probs (B, R) of the response tokens (0 in padding columns) and, if asked, entropies (B, R).
+    `token_index` is the batch's `response_token_index` when the caller has it (`with_token_index`)."""
     hidden = model(batch.input_ids, dense_positions(batch.input_ids))  # (B, T, H)
-    rows, columns = torch.nonzero(batch.response_mask > 0, as_tuple=True)  # (N,) each
+    if token_index is None:
+        token_index = response_token_index(batch.response_mask)
+    rows, columns = token_index.unbind(1)  # (N,) each
     positions = predictor_positions(batch)[rows, columns]  # (N,)
     token_log_probs, token_entropy = token_log_probs_and_entropy(
         hidden[rows, positions], model.lm_head.weight, batch.response_ids()[rows, columns], temperature,
@@ -59,7 +74,8 @@ def batched_log_probs(model: CausalLM, batch: TrainBatch, temperature: float, mi
     """Log-probs (and entropies) (B, R) of a whole batch on the host, computed micro-batch by micro-batch."""
     log_prob_parts, entropy_parts = [], []
     for rows, micro in micro_batches(batch, micro_batch_size, max_tokens, device):
-        log_probs, entropy = response_log_probs(model, micro.to(device), temperature, with_entropy)
+        on_device, token_index = with_token_index(micro, device)
+        log_probs, entropy = response_log_probs(model, on_device, temperature, with_entropy, token_index)
         log_prob_parts.append((rows, log_probs))
         if entropy is not None:
             entropy_parts.append((rows, entropy))

@@ -147,7 +147,10 @@ def iter_unit_tensors(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    """Sum numbers over all ranks (e.g. global token and sequence counts of a mini-batch)."""
+    """Sum numbers over all ranks (e.g. global token and sequence counts of a mini-batch). One rank returns
+    them as they are: a round trip through the device would wait for its queued kernels."""
+    if world_size() == 1:
+        return [float(value) for value in values]
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(tensor)

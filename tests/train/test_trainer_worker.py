@@ -10,7 +10,7 @@ from torch.distributed.tensor import DTensor
 
 from asyncrl.models import build_tiny_model, load_model
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch, TrainerWorker, shard_batch
-from asyncrl.train.forward import dense_positions
+from asyncrl.train.forward import dense_positions, response_token_index
 from asyncrl.train.metric_sums import MetricSums
 from asyncrl.train.parallel import clip_gradients, defer_gradient_reduction, reshard_all
 
@@ -240,7 +240,8 @@ def deferred_and_direct_gradients(rank, world_size, port, model_path):
         grads_after_first = None
         for index, micro in enumerate(halves):
             defer_gradient_reduction(model, defer=defer and index == 0)
-            worker.actor.micro_batch_loss(micro, spec, 40.0, 12.0, MetricSums()).backward()
+            token_index = response_token_index(micro.response_mask)
+            worker.actor.micro_batch_loss(micro, token_index, spec, 40.0, 12.0, MetricSums()).backward()
             if index == 0:
                 # Sharded masters (DTensors) holding a reduced gradient; a deferring unit stays gathered.
                 grads_after_first = sum(isinstance(p, DTensor) and p.grad is not None for p in model.parameters())
@@ -264,7 +265,8 @@ def clipped_gradients(rank, world_size, port, model_path, max_norm):
     worker = TrainerWorker(trainer_config(model_path), rank, world_size, "127.0.0.1", port, total_training_steps=10)
     model, batch = worker.actor.model, make_batch(seed=4)
     spec = PolicyUpdateSpec.from_config(worker.config, batch.num_rows, step=0)
-    worker.actor.micro_batch_loss(batch, spec, 40.0, 12.0, MetricSums()).backward()
+    token_index = response_token_index(batch.response_mask)
+    worker.actor.micro_batch_loss(batch, token_index, spec, 40.0, 12.0, MetricSums()).backward()
     before = {name: p.grad.full_tensor().clone().numpy() for name, p in model.named_parameters()}
     norm = clip_gradients(model, max_norm)
     after = {name: p.grad.full_tensor().clone().numpy() for name, p in model.named_parameters()}
