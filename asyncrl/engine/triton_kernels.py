@@ -90,7 +90,8 @@ def _store_and_attend_new_token(
 def _paged_decode_kernel(
     query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, context_lens_ptr,
     output_ptr, partial_output_ptr, partial_max_ptr, partial_sum_ptr,
-    new_key_ptr, new_value_ptr, write_slots_ptr, row_order_ptr, stride_key_sequence, stride_key_head, stride_value_sequence,
+    new_key_ptr, new_value_ptr, write_slots_ptr, row_order_ptr, stride_key_sequence, stride_key_head,
+    stride_value_sequence,
     stride_value_head, scale, stride_query_sequence, stride_query_head,
     stride_cache_block, stride_cache_token, stride_cache_head,
     stride_table_sequence, stride_output_sequence, stride_output_head,
@@ -207,7 +208,8 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
     _paged_decode_kernel[(num_kv_heads * num_splits, num_sequences)](
         query, key_cache, value_cache, block_tables, context_lens,
         output, partial_output, partial_max, partial_sum,
-        new_key, new_value, write_slots, row_order if row_order is not None else context_lens, new_key.stride(0), new_key.stride(1), new_value.stride(0), new_value.stride(1),
+        new_key, new_value, write_slots, row_order if row_order is not None else context_lens,
+        new_key.stride(0), new_key.stride(1), new_value.stride(0), new_value.stride(1),
         head_dim**-0.5, query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0), output.stride(0), output.stride(1),

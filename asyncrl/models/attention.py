@@ -152,7 +152,8 @@ class SelfAttention(nn.Module):
         """q and k are adjacent columns of the fused product: one rotary pass over all their heads (compiled,
         one kernel per layer instead of two); query and key are views into its output."""
         leading, num_heads = fused.shape[:-1], self.num_heads + self.num_kv_heads
-        rotated = apply_rotary(fused[..., :num_heads * self.head_dim].view(*leading, num_heads, self.head_dim), cos, sin)
+        query_and_key = fused[..., :num_heads * self.head_dim].view(*leading, num_heads, self.head_dim)
+        rotated = apply_rotary(query_and_key, cos, sin)
         value = fused[..., num_heads * self.head_dim:].view(*leading, self.num_kv_heads, self.head_dim)
         return rotated[..., :self.num_heads, :], rotated[..., self.num_heads:, :], value
 

@@ -160,7 +160,8 @@ class TrainBatch:
     def to(self, device: torch.device | str) -> "TrainBatch":
         device = torch.device(device)
         values = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        return TrainBatch(**{name: None if value is None else move_tensor(value, device) for name, value in values.items()})
+        return TrainBatch(**{name: None if value is None else move_tensor(value, device)
+                             for name, value in values.items()})
 
     def to_numpy(self) -> dict[str, np.ndarray]:
         return {field.name: getattr(self, field.name).cpu().numpy() for field in dataclasses.fields(self)

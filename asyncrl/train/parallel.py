@@ -152,8 +152,7 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     if world_size() == 1:
         return [float(value) for value in values]
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor)
+    dist.all_reduce(tensor)
     return tensor.tolist()
 
 
