@@ -14,6 +14,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from asyncrl.bench.graph_timing import graph_replay_ms
 from asyncrl.bench.models import qwen2_config
 
 NUM_LAYERS = 24  # distinct weights per shape in one graph: more than L2 holds for every shape here
@@ -45,25 +46,12 @@ def graph_microseconds(product, rows: int, inner: int, outputs: int, repeats: in
     x = torch.randn(rows, inner, device="cuda", dtype=torch.bfloat16)
     weights = [torch.randn(outputs, inner, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(NUM_LAYERS)]
     error = (product(x, weights[0]).float() - F.linear(x, weights[0]).float()).abs().max().item()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up outside the capture (cuBLAS workspaces, handles)
+
+    def launch() -> None:
         for weight in weights:
             product(x, weight)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for weight in weights:
-            product(x, weight)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) * 1e3 / repeats / NUM_LAYERS, error
+    milliseconds = graph_replay_ms(launch, replays=repeats)
+    return milliseconds * 1e3 / NUM_LAYERS, error
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from asyncrl.bench.graph_timing import graph_replay_ms
 from asyncrl.bench.models import qwen2_config
 from asyncrl.engine.triton_kernels import paged_decode_attention
 
@@ -77,28 +78,18 @@ def decode_step(model: dict, rows: torch.Tensor, attention: bool = True, gemms: 
 
 
 def graph_microseconds(functions: list, repeats: int = 10) -> float:
-    """Each function on its own stream, forked from and joined to one capture stream, in one CUDA graph."""
-    for function in functions:
-        function()
-    torch.cuda.synchronize()
-    capture, streams = torch.cuda.Stream(), [torch.cuda.Stream() for _ in functions]
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=capture):
+    """Each function on its own stream, forked from and joined back to the capturing stream, in one graph."""
+    streams = [torch.cuda.Stream() for _ in functions]
+
+    def launch() -> None:
+        origin = torch.cuda.current_stream()
         for stream, function in zip(streams, functions):
-            stream.wait_stream(capture)
+            stream.wait_stream(origin)
             with torch.cuda.stream(stream):
                 function()
         for stream in streams:
-            capture.wait_stream(stream)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) / repeats * 1e3
+            origin.wait_stream(stream)
+    return graph_replay_ms(launch, replays=repeats) * 1e3
 
 
 def main() -> None:

@@ -13,29 +13,17 @@ import itertools
 
 import torch
 
+from asyncrl.bench.graph_timing import graph_replay_ms
 from asyncrl.bench.models import qwen2_config
 from asyncrl.engine.triton_kernels import TILE_ELEMENTS, paged_decode_attention
 
 
 def time_ms(function, repeats: int = 20) -> float:
-    """Mean milliseconds per launch, `repeats` launches captured in one CUDA graph as the engine runs them.
-    Timed from Python instead, a launch of this many arguments costs the host more than the kernel runs
-    (~70 us against ~40 us for 0.5B), and every configuration measures the launch overhead."""
-    function()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    """Mean milliseconds per launch, `repeats` launches in one CUDA graph (`graph_replay_ms`)."""
+    def launch() -> None:
         for _ in range(repeats):
             function()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) / (5 * repeats)
+    return graph_replay_ms(launch) / repeats
 
 
 def main() -> None:

@@ -78,7 +78,8 @@ class PolicyTrainer:
 
     def micro_batch_loss(self, micro: TrainBatch, token_index: Tensor, spec: PolicyUpdateSpec, num_tokens: float,
                          num_seqs: float, sums: MetricSums) -> Tensor:
-        log_probs, entropy = response_log_probs(self.model, micro, spec.temperature, True, token_index)
+        log_probs, entropy = response_log_probs(self.model, micro, spec.temperature, with_entropy=True,
+                                                token_index=token_index)
         mask = micro.response_mask
         is_weights = micro.rollout_is_weights
         local_tokens = mask.sum()  # a device tensor: metrics stay on the device until the update ends
