@@ -1,22 +1,30 @@
-"""CUDA graphs of the decode forward, one per batch-size bucket, captured lazily on first use.
+"""CUDA graphs of the whole decode step, per batch-size bucket, captured lazily on first use.
 
-A decode step of S sequences runs the graph of the smallest bucket >= S (buckets 1, 2, 4, 8, 16, 32, then
-multiples of 32 up to max_num_seqs). Inputs live in static buffers sized for the largest bucket; rows
-S .. bucket - 1 are padding that writes to and reads from the KV cache's sink block. Weights are updated in
-place and the KV cache keeps its address while awake, so graphs stay valid across weight updates; `clear`
-drops them when the cache is released (engine sleep).
+A decode step of S sequences runs the graphs of the smallest bucket >= S (buckets 1, 2, 4, 8, 16, 32, then
+multiples of 32 up to max_num_seqs): one from the uploaded inputs through the forward to the logits, one
+for sampling, which writes the tokens and their log-probs for the host and keeps the tokens on the device,
+where the next decode (scheduled ahead) gathers its input ids from them inside its own graph. Between the
+two, a batch that truncates by top-k / top-p has its thresholds computed eagerly (their sort has
+batch-dependent shapes). So the host pays a numpy fill, two copies and two replays per step.
+
+Inputs come from `DecodeStaging`; rows S .. bucket - 1 are padding that writes to and reads from the KV
+cache's sink block. Weights are updated in place and the KV cache keeps its address while awake, so graphs
+stay valid across weight updates; `clear` drops them when the cache is released (engine sleep).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from asyncrl.engine.attention import AttentionMetadata, DecodeKernel, PagedAttention
+from asyncrl.engine.decode_staging import DecodeStaging
 from asyncrl.engine.kv_cache import KVCache
-from asyncrl.engine.step_inputs import StepInputs
+from asyncrl.engine.sampler import MASK32, Sampler, SamplingInputs, truncation_thresholds
+from asyncrl.engine.step_output import StepOutput
 from asyncrl.models.transformer import CausalLM
 
 
@@ -36,26 +44,33 @@ def decode_num_splits(num_sequences: int, num_kv_heads: int, num_processors: int
 
 
 class DecodeGraphs:
-    """Captures and replays the decode forward (input ids -> final hidden states) per bucket."""
+    """Captures and replays the decode step (uploaded inputs -> sampled tokens) per bucket."""
 
-    def __init__(self, model: CausalLM, kv_cache: KVCache, decode_kernel: DecodeKernel, max_num_seqs: int,
-                 max_blocks_per_sequence: int, num_processors: int) -> None:
+    def __init__(self, model: CausalLM, kv_cache: KVCache, decode_kernel: DecodeKernel | None, sampler: Sampler,
+                 max_num_seqs: int, max_blocks_per_sequence: int, num_processors: int) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.decode_kernel = decode_kernel
+        self.sampler = sampler
         self.buckets = decode_buckets(max_num_seqs)
         self.num_processors = num_processors
         size, device = self.buckets[-1], kv_cache.device
-        self.input_ids = torch.zeros(size, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(size, dtype=torch.int64, device=device)
-        self.write_slots = torch.zeros(size, dtype=torch.int64, device=device)
+        sink_slot = kv_cache.sink_block * kv_cache.block_size
+        self.staging = DecodeStaging(size, max_blocks_per_sequence, sink_slot, sink_slot + kv_cache.block_size,
+                                     device)
         self.block_tables = torch.zeros((size, max_blocks_per_sequence), dtype=torch.int32, device=device)
-        self.context_lens = torch.ones(size, dtype=torch.int32, device=device)
-        self.row_order = torch.arange(size, dtype=torch.int32, device=device)
-        self.identity_order = self.row_order.clone()  # padding rows keep their own place in the order
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, Tensor] = {}  # bucket -> (bucket, hidden) static output
-        self.pool = None  # one memory pool shared by all buckets (they never run at the same time)
+        # One logits buffer for every bucket (per-bucket outputs would hold ~1,200 rows of the vocabulary).
+        self.logits = torch.zeros((size, model.config.vocab_size), dtype=model.lm_head.weight.dtype, device=device)
+        # The last step's tokens on the device: a decode scheduled ahead gathers its input ids from them.
+        self.sampled_ids = torch.zeros(size, dtype=torch.int64, device=device)
+        self.packed = torch.zeros((size, 2), dtype=torch.int32, device=device)  # token id, log-prob bits
+        # A ring: the host reads step s's tokens after launching step s + 1.
+        self.downloads = [torch.zeros((size, 2), dtype=torch.int32, pin_memory=device.type == "cuda")
+                          for _ in range(3)]
+        self.next_download = 0
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # bucket -> inputs to logits
+        self.sample_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # bucket -> logits to sampled tokens
+        self.pool = None  # one memory pool shared by all graphs (they never run at the same time)
 
     def bucket_for(self, num_sequences: int) -> int:
         return next(size for size in self.buckets if size >= num_sequences)
@@ -63,74 +78,112 @@ class DecodeGraphs:
     def num_splits_for(self, num_sequences: int) -> int:
         return decode_num_splits(self.bucket_for(num_sequences), self.kv_cache.num_kv_heads, self.num_processors)
 
-    def run(self, inputs: StepInputs) -> Tensor:
-        """inputs of a decode step of S sequences -> final hidden states (S, hidden)."""
-        num_sequences = inputs.num_sequences
-        bucket = self.bucket_for(num_sequences)
-        self._load(inputs, bucket)
+    def launch(self, arrays: dict[str, np.ndarray], tables: np.ndarray, max_top_k: int, use_top_p: bool,
+               previous_token_ids: Tensor | None) -> StepOutput:
+        """Queues a decode step of S = len(tables) sequences: `arrays` holds each `DecodeStaging` field (S,),
+        `tables` the block tables (S, W). A decode ahead (source rows) gathers its input ids from
+        `previous_token_ids`, the previous step's tokens."""
+        num_rows = tables.shape[0]
+        bucket = self.bucket_for(num_rows)
+        if previous_token_ids is not None and previous_token_ids.data_ptr() != self.sampled_ids.data_ptr():
+            self.sampled_ids[:previous_token_ids.shape[0]].copy_(previous_token_ids)  # an eager step's tokens
+        device_tables = self.staging.upload(arrays, num_rows, bucket, tables)
+        self.block_tables[:num_rows, :tables.shape[1]].copy_(device_tables)
         if bucket not in self.graphs:
-            self._capture(bucket)
+            self._capture_forward(bucket)
         self.graphs[bucket].replay()
-        return self.outputs[bucket][:num_sequences]
+        if max_top_k > 0 or use_top_p:
+            self._truncate(num_rows, max_top_k, use_top_p)
+        # Captured after the forward's replay: its warm-up run then samples this step's own logits and writes
+        # the tokens the replay writes, never over the tokens the forward gathered its inputs from.
+        if bucket not in self.sample_graphs:
+            self._capture_sample(bucket)
+        self.sample_graphs[bucket].replay()
+        return self._download(num_rows)
 
-    def _load(self, inputs: StepInputs, bucket: int) -> None:
-        num_sequences = inputs.num_sequences
-        metadata = inputs.attention
-        self.input_ids[:num_sequences].copy_(inputs.input_ids)
-        self.positions[:num_sequences].copy_(inputs.positions)
-        self.write_slots[:num_sequences].copy_(metadata.write_slots)
-        self.block_tables[:num_sequences, :metadata.block_tables.shape[1]].copy_(metadata.block_tables)
-        self.context_lens[:num_sequences].copy_(metadata.context_lens)
-        self.row_order[:num_sequences].copy_(metadata.row_order)
-        if bucket > num_sequences:
-            self._pad(num_sequences, bucket)
+    def _truncate(self, num_rows: int, max_top_k: int, use_top_p: bool) -> None:
+        """The top-k / top-p thresholds of the step's rows, written where the sampling graph reads them."""
+        field = self.staging.field
+        inputs = SamplingInputs(temperatures=field("temperatures", num_rows), top_k=field("top_k", num_rows).long(),
+                                top_p=field("top_p", num_rows), keys=field("keys", num_rows), max_top_k=max_top_k,
+                                use_top_p=use_top_p)
+        field("thresholds", num_rows).copy_(truncation_thresholds(self.logits[:num_rows].float(), inputs))
 
-    def _pad(self, start: int, stop: int) -> None:
-        """Padding rows: token 0 at position 0, writing and reading one token in the sink block."""
-        sink = self.kv_cache.sink_block
-        self.input_ids[start:stop].zero_()
-        self.positions[start:stop].zero_()
-        self.write_slots[start:stop].fill_(sink * self.kv_cache.block_size)
-        self.block_tables[start:stop, 0].fill_(sink)
-        self.context_lens[start:stop].fill_(1)
-        self.row_order[start:stop].copy_(self.identity_order[start:stop])
+    def _download(self, num_rows: int) -> StepOutput:
+        host = self.downloads[self.next_download][:num_rows]
+        self.next_download = (self.next_download + 1) % len(self.downloads)
+        host.copy_(self.packed[:num_rows], non_blocking=True)
+        copied = None
+        if self.packed.is_cuda:
+            copied = torch.cuda.Event()
+            copied.record()
+        return StepOutput(self.sampled_ids[:num_rows], host, copied)
 
     def capture_all(self) -> None:
         """Captures every bucket now (largest first, so smaller ones reuse its pool) on padding rows only."""
+        empty = np.zeros((0, 1), dtype=np.int32)
         for bucket in reversed(self.buckets):
             if bucket not in self.graphs:
-                self._pad(0, bucket)
-                self._capture(bucket)
+                self.staging.upload({}, 0, bucket, empty)
+                self._capture_forward(bucket)
+                self._capture_sample(bucket)
 
-    def static_forward(self, bucket: int) -> Callable[[], Tensor]:
-        """The decode forward of `bucket` rows over the static buffers: () -> hidden (bucket, hidden)."""
-        device = self.kv_cache.device
-        metadata = AttentionMetadata(
-            write_slots=self.write_slots[:bucket], write_rows=None, block_tables=self.block_tables[:bucket],
-            context_lens=self.context_lens[:bucket], query_lens=torch.ones(bucket, dtype=torch.int64, device=device),
-            query_token_indices=torch.arange(bucket, device=device), max_query_len=1,
-            max_context_len=self.block_tables.shape[1] * self.kv_cache.block_size, is_decode=True,
-            num_splits=decode_num_splits(bucket, self.kv_cache.num_kv_heads, self.num_processors),
-            row_order=self.row_order[:bucket])
-        attention = PagedAttention(self.kv_cache, metadata, self.decode_kernel)
-        input_ids, positions = self.input_ids[:bucket], self.positions[:bucket]
-        return lambda: self.model(input_ids, positions, attention)
+    def static_forward(self, bucket: int) -> Callable[[], None]:
+        """The decode forward of `bucket` rows from the staged inputs into `logits[:bucket]`."""
+        device, field = self.kv_cache.device, self.staging.field
+        query_lens = torch.ones(bucket, dtype=torch.int64, device=device)
+        query_token_indices = torch.arange(bucket, device=device)
+        num_splits = decode_num_splits(bucket, self.kv_cache.num_kv_heads, self.num_processors)
+        max_context_len = self.block_tables.shape[1] * self.kv_cache.block_size
+        lm_head_weight = self.model.lm_head.weight
 
-    def _capture(self, bucket: int) -> None:
-        forward = self.static_forward(bucket)
-        # Warm-up outside the capture compiles the Triton kernels and sets up cuBLAS; it rewrites the same
-        # KV the replay writes, so running it on the real step's inputs is harmless.
-        forward()
+        def forward() -> None:
+            gathered = self.sampled_ids[field("source_rows", bucket).long()]
+            input_ids = torch.where(field("from_host", bucket).bool(), field("input_ids", bucket).long(), gathered)
+            metadata = AttentionMetadata(
+                write_slots=field("write_slots", bucket).long(), write_rows=None,
+                block_tables=self.block_tables[:bucket], context_lens=field("context_lens", bucket),
+                query_lens=query_lens, query_token_indices=query_token_indices, max_query_len=1,
+                max_context_len=max_context_len, is_decode=True, num_splits=num_splits,
+                row_order=field("row_order", bucket))
+            attention = PagedAttention(self.kv_cache, metadata, self.decode_kernel)
+            hidden = self.model(input_ids, field("positions", bucket).long(), attention)
+            torch.matmul(hidden, lm_head_weight.t(), out=self.logits[:bucket])
+        return forward
+
+    def static_sample(self, bucket: int) -> Callable[[], None]:
+        """Sampling of `bucket` rows of `logits` into `sampled_ids` and `packed`."""
+        field = self.staging.field
+
+        def sample() -> None:
+            keys = field("keys", bucket).long() & MASK32  # back from their int32 bit patterns
+            token_ids, log_probs = self.sampler.sample(self.logits[:bucket], field("temperatures", bucket),
+                                                       field("thresholds", bucket), keys)
+            self.sampled_ids[:bucket].copy_(token_ids)
+            self.packed[:bucket, 0].copy_(token_ids)
+            self.packed[:bucket, 1].copy_(log_probs.view(torch.int32))
+        return sample
+
+    def _capture_forward(self, bucket: int) -> None:
+        self.graphs[bucket] = self._capture(self.static_forward(bucket))
+
+    def _capture_sample(self, bucket: int) -> None:
+        self.sample_graphs[bucket] = self._capture(self.static_sample(bucket))
+
+    def _capture(self, run: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        # Warm-up outside the capture compiles the Triton kernels and sets up cuBLAS; it writes what the replay
+        # writes (the same KV, logits or tokens), so running it on the real step's inputs is harmless.
+        run()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA calls of other threads (an asyncio loop, a colocated trainer) do not break capture.
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            self.outputs[bucket] = forward()
+            run()
         if self.pool is None:
             self.pool = graph.pool()
-        self.graphs[bucket] = graph
+        return graph
 
     def clear(self) -> None:
         self.graphs.clear()
-        self.outputs.clear()
+        self.sample_graphs.clear()
         self.pool = None

@@ -14,9 +14,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,7 +30,14 @@ from asyncrl.engine.kv_cache import (
 )
 from asyncrl.engine.sampler import FusedSampleKernel, Sampler, SamplingInputs
 from asyncrl.engine.scheduler import ScheduledBatch
-from asyncrl.engine.step_inputs import BlockTableCache, SamplingArrayCache, StepInputs, build_step_inputs
+from asyncrl.engine.step_inputs import (
+    BlockTableCache,
+    SamplingArrayCache,
+    StepInputs,
+    build_step_inputs,
+    decode_graph_arrays,
+)
+from asyncrl.engine.step_output import StepOutput, start_download
 from asyncrl.models.attention import avoid_per_shape_attention_plans
 from asyncrl.models.compile import compile_decoder_layers, fuse_projections
 from asyncrl.models.transformer import CausalLM
@@ -45,36 +49,6 @@ def load_cuda_kernels() -> tuple[DecodeKernel, FusedSampleKernel]:
     # Imported here, not at the top: triton ships with CUDA installs only.
     from asyncrl.engine import triton_kernels
     return triton_kernels.paged_decode_attention, triton_kernels.fused_sample
-
-
-@dataclass
-class StepOutput:
-    """The sampled tokens of a launched step: on the device (the next decode's input ids) and on their way to
-    the host."""
-
-    token_ids: Tensor  # (S,) int64 on the device
-    packed: Tensor  # (2, S) int32 on the host: ids and log-prob bit patterns (pinned on CUDA)
-    copied: torch.cuda.Event | None  # fires once `packed` holds the values; None on CPU (already there)
-
-    def wait(self) -> tuple[list[int], list[float]]:
-        """Blocks until the copy of this step (and so everything queued before it) is done."""
-        if self.copied is not None:
-            self.copied.synchronize()
-        packed = self.packed.numpy()
-        return packed[0].tolist(), packed[1].view(np.float32).tolist()
-
-
-def start_download(token_ids: Tensor, log_probs: Tensor) -> StepOutput:
-    """The step's only device-to-host copy: ids and log-prob bit patterns packed into one int32 tensor, copied
-    without blocking into pinned memory, so the host can launch the next step before this one ends."""
-    packed = torch.stack([token_ids.to(torch.int32), log_probs.to(torch.float32).view(torch.int32)])
-    if packed.device.type != "cuda":
-        return StepOutput(token_ids, packed, None)
-    host = torch.empty(packed.shape, dtype=torch.int32, pin_memory=True)
-    host.copy_(packed, non_blocking=True)
-    copied = torch.cuda.Event()
-    copied.record()
-    return StepOutput(token_ids, host, copied)
 
 
 class ModelRunner:
@@ -104,8 +78,8 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         if config.use_cuda_graphs:
             max_blocks = -(-max_model_len // self.block_size)
-            self.graphs = DecodeGraphs(self.model, self.kv_cache, decode_kernel, config.max_num_seqs, max_blocks,
-                                       self.num_processors)
+            self.graphs = DecodeGraphs(self.model, self.kv_cache, decode_kernel, self.sampler, config.max_num_seqs,
+                                       max_blocks, self.num_processors)
 
     def device_guard(self) -> contextlib.AbstractContextManager:
         """Makes the engine's GPU current: `AsyncEngine` steps in pool threads, whose current device is 0."""
@@ -120,9 +94,15 @@ class ModelRunner:
         """Queues the step on the device and returns without waiting for it. A decode scheduled ahead
         (`batch.source_rows`) takes its input ids from `previous`, the step launched before it."""
         with self.device_guard():
+            previous_token_ids = previous.token_ids if previous is not None else None
+            if self.graphs is not None and not batch.is_prefill:
+                arrays, tables = decode_graph_arrays(batch, self.block_size, self.block_tables_cache,
+                                                     self.sampling_cache)
+                return self.graphs.launch(arrays, tables, self.sampling_cache.max_top_k,
+                                          self.sampling_cache.use_top_p, previous_token_ids)
             inputs = build_step_inputs(batch, self.block_size, self.block_tables_cache, self.sampling_cache,
                                        self.device, self._num_splits(batch),
-                                       previous.token_ids if previous is not None else None)
+                                       previous_token_ids)
             hidden = self._forward(inputs)  # (S, hidden) at each sequence's last token
             # In the model dtype: the fused sampler widens bf16 in registers (a float32 copy of (S, V) logits
             # would cost more than the sampling itself); the torch paths widen first.
@@ -136,8 +116,6 @@ class ModelRunner:
         return decode_num_splits(batch.num_sequences, self.kv_cache.num_kv_heads, self.num_processors)
 
     def _forward(self, inputs: StepInputs) -> Tensor:
-        if inputs.is_decode and self.graphs is not None:
-            return self.graphs.run(inputs)
         attention = PagedAttention(self.kv_cache, inputs.attention, self.decode_kernel)
         hidden = self.model(inputs.input_ids, inputs.positions, attention)  # (N, hidden)
         return hidden[inputs.last_token_indices]

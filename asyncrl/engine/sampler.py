@@ -149,6 +149,10 @@ class Sampler:
             thresholds = truncation_thresholds(logits.float(), inputs)
         else:
             thresholds = torch.full_like(inputs.temperatures, float("-inf"))
+        return self.sample(logits, inputs.temperatures, thresholds, inputs.keys)
+
+    def sample(self, logits: Tensor, temperatures: Tensor, thresholds: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """Sampling with given truncation thresholds (S,) raw logits (-inf: none), as the decode graphs run it."""
         if self.fused_kernel is not None:
-            return self.fused_kernel(logits, inputs.temperatures, thresholds, inputs.keys)
-        return sample_reference(logits.float(), inputs.temperatures, thresholds, inputs.keys)
+            return self.fused_kernel(logits, temperatures, thresholds, keys)
+        return sample_reference(logits.float(), temperatures, thresholds, keys)

@@ -190,6 +190,20 @@ def _decode_arrays(batch: ScheduledBatch, block_size: int, block_tables_cache: B
     }
 
 
+def decode_graph_arrays(batch: ScheduledBatch, block_size: int, block_tables_cache: BlockTableCache,
+                        sampling_cache: SamplingArrayCache) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """A decode's host arrays as the CUDA-graph path stages them (`decode_staging.FIELDS` but thresholds,
+    each (S,)) and its block tables (S, W) int32."""
+    arrays = _decode_arrays(batch, block_size, block_tables_cache)
+    sampling = sampling_cache.build(batch.sequences, arrays["positions"] + 1)
+    num_sequences = batch.num_sequences
+    if batch.source_rows is None:
+        sources = {"source_rows": np.zeros(num_sequences, dtype=np.int64), "from_host": 1}
+    else:
+        sources = {"input_ids": 0, "from_host": 0}
+    return {**arrays, **sources, **sampling}, arrays["block_tables"]
+
+
 def build_step_inputs(batch: ScheduledBatch, block_size: int, block_tables_cache: BlockTableCache,
                       sampling_cache: SamplingArrayCache, device: torch.device, num_splits: int = 1,
                       previous_token_ids: Tensor | None = None) -> StepInputs:

@@ -41,20 +41,19 @@ def dense_log_probs(model: CausalLM, result: GenerationResult, temperature: floa
 
 
 class EagerReplay:
-    """A stand-in CUDA graph: replay reruns the captured static forward into its static output."""
+    """A stand-in CUDA graph: replay reruns the captured callable (which writes into static buffers)."""
 
-    def __init__(self, forward, output):
-        self.forward, self.output = forward, output
+    def __init__(self, run):
+        self.run = run
 
     def replay(self):
-        self.output.copy_(self.forward())
+        self.run()
 
 
 class EagerDecodeGraphs(DecodeGraphs):
-    """`DecodeGraphs` with each graph replaced by an eager rerun: its static buffers, padding and buckets
-    run on any device."""
+    """`DecodeGraphs` with each graph replaced by an eager rerun: its staging, static buffers, padding and
+    buckets run on any device."""
 
-    def _capture(self, bucket):
-        forward = self.static_forward(bucket)
-        self.outputs[bucket] = forward()
-        self.graphs[bucket] = EagerReplay(forward, self.outputs[bucket])
+    def _capture(self, run):
+        run()  # the warm-up run a real capture does
+        return EagerReplay(run)

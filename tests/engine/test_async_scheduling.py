@@ -230,11 +230,17 @@ def test_decode_graph_path_reads_input_ids_from_the_previous_step(tiny_folder):
     def run(async_scheduling: bool) -> tuple[list[GenerationResult], int]:
         engine = make_engine(tiny_folder, max_num_seqs=16, async_scheduling=async_scheduling)
         runner = engine.runner
-        runner.graphs = EagerDecodeGraphs(runner.model, runner.kv_cache, None, 16, -(-engine.max_model_len // 4),
-                                          num_processors=8)
+        runner.graphs = EagerDecodeGraphs(runner.model, runner.kv_cache, None, runner.sampler, 16,
+                                          -(-engine.max_model_len // 4), num_processors=8)
         num_ahead = count_decodes_ahead(engine)
         return engine.generate(requests), num_ahead[0]
 
     (results, num_ahead), (expected, _) = run(async_scheduling=True), run(async_scheduling=False)
     assert num_ahead > 10  # the graph path really ran decodes ahead
     assert_same_results(results, expected)
+    # Against the engine without graphs: the same tokens (top-k / top-p rows included, whose thresholds the
+    # graph path computes between its two graphs); log-probs up to the LM head's row count changing its sums.
+    plain = make_engine(tiny_folder, max_num_seqs=16).generate(requests)
+    for result, reference in zip(results, plain):
+        np.testing.assert_array_equal(result.response_ids, reference.response_ids)
+        np.testing.assert_allclose(result.response_log_probs, reference.response_log_probs, atol=1e-5)

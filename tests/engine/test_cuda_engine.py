@@ -25,11 +25,12 @@ def wide_folder(tmp_path_factory):
                             hidden_size=448, num_heads=7, num_kv_heads=1, num_layers=3, max_position_embeddings=512)
 
 
-def requests_for(count: int, max_new_tokens: int = 40, temperature: float = 1.0) -> list[GenerationRequest]:
+def requests_for(count: int, max_new_tokens: int = 40, temperature: float = 1.0, top_k: int = -1,
+                 top_p: float = 1.0) -> list[GenerationRequest]:
     # Four groups of identical prompts exercise prefix sharing; lengths cross block boundaries.
     return [GenerationRequest(f"c{index}", prompt(3 + 7 * (index % 4), offset=index % 4),
                               SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, ignore_eos=True,
-                                             seed=index)) for index in range(count)]
+                                             top_k=top_k, top_p=top_p, seed=index)) for index in range(count)]
 
 
 def cuda_engine(folder, dtype=torch.float32, **config) -> LLMEngine:
@@ -51,11 +52,14 @@ def test_memory_plan_sizes_the_cache_from_the_budget(wide_folder):
 
 
 @pytest.mark.parametrize("folder_name", ["tiny_folder", "wide_folder"])
-def test_cuda_fp32_matches_cpu_engine(folder_name, request):
+@pytest.mark.parametrize("truncation", [{}, {"top_k": 20, "top_p": 0.9}])
+def test_cuda_fp32_matches_cpu_engine(folder_name, truncation, request):
+    """Graphs and eager against the CPU engine; with top-k / top-p the graph path computes thresholds
+    between its forward and sampling graphs."""
     folder = request.getfixturevalue(folder_name)
-    expected = make_engine(folder, block_size=16).generate(requests_for(12))
+    expected = make_engine(folder, block_size=16).generate(requests_for(12, **truncation))
     for enforce_eager in (True, False):
-        results = cuda_engine(folder, enforce_eager=enforce_eager).generate(requests_for(12))
+        results = cuda_engine(folder, enforce_eager=enforce_eager).generate(requests_for(12, **truncation))
         assert token_agreement(results, expected) >= 0.95
         first_tokens = [result.response_log_probs[0] for result in results]
         np.testing.assert_allclose(first_tokens, [result.response_log_probs[0] for result in expected], atol=1e-3)

@@ -192,7 +192,7 @@ def test_decode_graph_buffers_padding_and_buckets_with_eager_replay(tiny_folder)
     runner = engine.runner
     runner.decode_kernel = paged_decode_attention
     runner.sampler = Sampler(fused_sample)
-    runner.graphs = EagerDecodeGraphs(runner.model, runner.kv_cache, paged_decode_attention, 8,
+    runner.graphs = EagerDecodeGraphs(runner.model, runner.kv_cache, paged_decode_attention, runner.sampler, 8,
                                       -(-engine.max_model_len // 4), num_processors=8)
     assert runner.graphs.buckets == [1, 2, 4, 8] and runner.graphs.num_splits_for(1) == 8
     results = engine.generate(requests)
