@@ -34,6 +34,11 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--spread", type=int, default=0)
     parser.add_argument("--longest-first", action="store_true")
+    parser.add_argument("--splits", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--tiles", type=int, nargs="+", default=[32, 64, 128])
+    parser.add_argument("--warps", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4],
+                        help="software-pipelining depth; K/V tiles get a second buffer only from 5 on")
     options = parser.parse_args()
     config = qwen2_config(options.model)
     heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -56,7 +61,7 @@ def main() -> None:
           f"{' longest first' if options.longest_first else ''}, KV read {kv_bytes / 1e6:.0f} MB")
     reference = paged_decode_attention(query, key_cache, value_cache, tables, lengths)
     results = []
-    for splits, tile, warps, stages in itertools.product((1, 2), (32, 64, 128), (2, 4), (2, 3, 4)):
+    for splits, tile, warps, stages in itertools.product(options.splits, options.tiles, options.warps, options.stages):
         def run():
             return paged_decode_attention(query, key_cache, value_cache, tables, lengths, splits, tile, warps, stages)
         try:
@@ -70,8 +75,9 @@ def main() -> None:
         print(f"splits {splits} tile {tile:3d} warps {warps} stages {stages}: {milliseconds * 1e3:6.1f} us "
               f"{kv_bytes / milliseconds / 1e9:5.2f} TB/s (max diff {error:.1e})")
     default_tile = TILE_ELEMENTS // max(16, dim)
-    default = next(r for r in results if r[1:5] == (1, default_tile, 4, 3))
-    print(f"current default (splits 1, tile {default_tile}, warps 4, stages 3): {default[0] * 1e3:.1f} us")
+    default = [r for r in results if r[1:5] == (1, default_tile, 4, 3)]
+    if default:
+        print(f"current default (splits 1, tile {default_tile}, warps 4, stages 3): {default[0][0] * 1e3:.1f} us")
 
 
 if __name__ == "__main__":

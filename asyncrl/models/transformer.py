@@ -37,28 +37,47 @@ class DecoderLayer(nn.Module):
     def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionBackend | None) -> Tensor:
         if attention is None:
             return self.dense_forward(hidden, cos, sin)
-        query, key, value = self.attention_inputs(hidden, cos, sin)
-        return self.attention_outputs(hidden, self.self_attn.attend(query, key, value, attention))
+        return residual_add(*self.paged_forward(hidden, None, cos, sin, attention))
 
     def dense_forward(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """The whole layer over a dense (B, T) batch, causal SDPA included: one graph when compiled (the
         trainer's path), so a layer costs one compiled call forward and one backward. The class's own halves
         are called, not the instance's (possibly compiled) attributes: compiled here, they are traced inline."""
-        query, key, value = DecoderLayer.attention_inputs(self, hidden, cos, sin)
-        return DecoderLayer.attention_outputs(self, hidden, self.self_attn.attend(query, key, value, None))
+        hidden, query, key, value = DecoderLayer.attention_inputs(self, hidden, None, cos, sin)
+        return residual_add(*DecoderLayer.attention_outputs(self, hidden, self.self_attn.attend(query, key, value,
+                                                                                                None)))
+
+    def paged_forward(self, hidden: Tensor, update: Tensor | None, cos: Tensor, sin: Tensor,
+                      attention: AttentionBackend) -> tuple[Tensor, Tensor]:
+        """The layer with an attention backend, its residual adds deferred: takes the stream and the previous
+        layer's pending MLP output (None: none), returns the stream and this layer's MLP output."""
+        hidden, query, key, value = self.attention_inputs(hidden, update, cos, sin)
+        return self.attention_outputs(hidden, self.self_attn.attend(query, key, value, attention))
 
     # With an attention backend the layer is split around the attention kernel, so that
     # `compile_decoder_layers` can compile the two halves (norms, projections, rotary, activation, residual
     # adds: most of a layer's small kernels) while the backend, which may read and write a paged KV cache,
-    # stays eager.
-    def attention_inputs(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """hidden (..., hidden) -> query (..., Hq, D), key and value (..., Hkv, D)."""
-        return self.self_attn.project(self.input_layernorm(hidden), cos, sin)
+    # stays eager. Each residual add is left to the next reader of the stream, where it fuses into the norm's
+    # kernel: the MLP's add into the next layer's first half.
+    def attention_inputs(self, hidden: Tensor, update: Tensor | None, cos: Tensor,
+                         sin: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """hidden (..., hidden) plus a pending update -> the stream, query (..., Hq, D), key and value."""
+        if update is not None:
+            hidden = residual_add(hidden, update)
+        return (hidden, *self.self_attn.project(self.input_layernorm(hidden), cos, sin))
 
-    def attention_outputs(self, hidden: Tensor, attended: Tensor) -> Tensor:
-        """Residual stream after attention (attended heads (..., Hq * D)) and the MLP."""
-        hidden = hidden + self.self_attn.o_proj(attended)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def attention_outputs(self, hidden: Tensor, attended: Tensor) -> tuple[Tensor, Tensor]:
+        """The stream after attention (attended heads (..., Hq * D)) and the MLP's output, not yet added."""
+        hidden = residual_add(hidden, self.self_attn.o_proj(attended))
+        return hidden, self.mlp(self.post_attention_layernorm(hidden))
+
+
+def residual_add(hidden: Tensor, update: Tensor) -> Tensor:
+    """hidden + update rounded once to their dtype, exactly as a bf16 add rounds. Written as an fp32 add so
+    Inductor cannot turn it into cuBLAS's beta = 1 add of the producing GEMM, which first copies the residual
+    into the GEMM's output (two copies per layer of a decode step); as a plain add it fuses into the kernel
+    of the norm that next reads the stream."""
+    return (hidden.float() + update.float()).to(hidden.dtype)
 
 
 class TransformerModel(nn.Module):
@@ -79,12 +98,17 @@ class TransformerModel(nn.Module):
         _check_layout(input_ids, positions, attention)
         hidden = self.embed_tokens(input_ids)  # (..., hidden)
         cos, sin = self.rotary_emb(positions, hidden.dtype)  # (..., D) each
+        if attention is not None:  # the engine's path: each layer's MLP add waits for the next layer's norm
+            update = None
+            for layer in self.layers:
+                hidden, update = layer.paged_forward(hidden, update, cos, sin, attention)
+            return self.norm(residual_add(hidden, update))
         use_checkpoint = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layers:
             if use_checkpoint:
-                hidden = checkpoint(layer, hidden, cos, sin, attention, use_reentrant=False)
+                hidden = checkpoint(layer, hidden, cos, sin, None, use_reentrant=False)
             else:
-                hidden = layer(hidden, cos, sin, attention)
+                hidden = layer(hidden, cos, sin, None)
         return self.norm(hidden)
 
 

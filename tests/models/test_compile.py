@@ -88,7 +88,9 @@ def test_compiled_layers_share_one_graph_whatever_the_depth(family_folders: dict
     attention = PackedCausalAttention.from_lengths([4, 7])
     with torch.no_grad():
         model(torch.randint(0, model.config.vocab_size, (11,)), attention.positions(), attention)
-    assert _unique_graphs() == 3  # plus one per half around an attention backend
+    # plus the halves around an attention backend, the first half twice: the first layer has no pending MLP
+    # output to add, every other layer has one
+    assert _unique_graphs() == 4
 
 
 def test_compiled_layers_leave_a_packed_attention_backend_eager(family_folders: dict[str, Path]) -> None:
