@@ -59,8 +59,9 @@ class DecodeGraphs:
         self.staging = DecodeStaging(size, max_blocks_per_sequence, sink_slot, sink_slot + kv_cache.block_size,
                                      device)
         self.block_tables = torch.zeros((size, max_blocks_per_sequence), dtype=torch.int32, device=device)
-        # One logits buffer for every bucket (per-bucket outputs would hold ~1,200 rows of the vocabulary).
-        self.logits = torch.zeros((size, model.config.vocab_size), dtype=model.lm_head.weight.dtype, device=device)
+        # One logits buffer for every bucket (per-bucket outputs would hold ~1,200 rows of the vocabulary),
+        # allocated with the first graph and freed with the graphs (engine sleep gives its memory back).
+        self.logits: Tensor | None = None
         # The last step's tokens on the device: a decode scheduled ahead gathers its input ids from them.
         self.sampled_ids = torch.zeros(size, dtype=torch.int64, device=device)
         self.packed = torch.zeros((size, 2), dtype=torch.int32, device=device)  # token id, log-prob bits
@@ -165,6 +166,9 @@ class DecodeGraphs:
         return sample
 
     def _capture_forward(self, bucket: int) -> None:
+        if self.logits is None:
+            weight = self.model.lm_head.weight
+            self.logits = torch.empty((self.buckets[-1], weight.shape[0]), dtype=weight.dtype, device=weight.device)
         self.graphs[bucket] = self._capture(self.static_forward(bucket))
 
     def _capture_sample(self, bucket: int) -> None:
@@ -186,4 +190,5 @@ class DecodeGraphs:
     def clear(self) -> None:
         self.graphs.clear()
         self.sample_graphs.clear()
+        self.logits = None
         self.pool = None
