@@ -134,7 +134,7 @@ class DecodeGraphs:
         device, field = self.kv_cache.device, self.staging.field
         query_lens = torch.ones(bucket, dtype=torch.int64, device=device)
         query_token_indices = torch.arange(bucket, device=device)
-        num_splits = decode_num_splits(bucket, self.kv_cache.num_kv_heads, self.num_processors)
+        num_splits = self.num_splits_for(bucket)
         max_context_len = self.block_tables.shape[1] * self.kv_cache.block_size
         lm_head_weight = self.model.lm_head.weight
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+
 import torch
 from torch import Tensor
 
@@ -111,8 +112,6 @@ class ModelRunner:
             return start_download(token_ids, log_probs)
 
     def _num_splits(self, batch: ScheduledBatch) -> int:
-        if self.graphs is not None:
-            return self.graphs.num_splits_for(batch.num_sequences)
         return decode_num_splits(batch.num_sequences, self.kv_cache.num_kv_heads, self.num_processors)
 
     def _forward(self, inputs: StepInputs) -> Tensor:
