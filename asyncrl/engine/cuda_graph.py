@@ -24,7 +24,7 @@ from asyncrl.engine.attention import AttentionMetadata, DecodeKernel, PagedAtten
 from asyncrl.engine.decode_staging import DecodeStaging
 from asyncrl.engine.kv_cache import KVCache
 from asyncrl.engine.sampler import MASK32, Sampler, SamplingInputs, truncation_thresholds
-from asyncrl.engine.step_output import StepOutput
+from asyncrl.engine.step_output import StepOutput, recorded_event
 from asyncrl.models.transformer import CausalLM
 
 
@@ -79,15 +79,14 @@ class DecodeGraphs:
     def num_splits_for(self, num_sequences: int) -> int:
         return decode_num_splits(self.bucket_for(num_sequences), self.kv_cache.num_kv_heads, self.num_processors)
 
-    def launch(self, arrays: dict[str, np.ndarray], tables: np.ndarray, max_top_k: int, use_top_p: bool,
-               previous_token_ids: Tensor | None) -> StepOutput:
+    def launch(self, arrays: dict[str, np.ndarray], tables: np.ndarray, max_top_k: int,
+               use_top_p: bool) -> StepOutput:
         """Queues a decode step of S = len(tables) sequences: `arrays` holds each `DecodeStaging` field (S,),
         `tables` the block tables (S, W). A decode ahead (source rows) gathers its input ids from
-        `previous_token_ids`, the previous step's tokens."""
+        `sampled_ids`: the step before it is always a decode, hence graphed (none is scheduled ahead of a
+        prefill)."""
         num_rows = tables.shape[0]
         bucket = self.bucket_for(num_rows)
-        if previous_token_ids is not None and previous_token_ids.data_ptr() != self.sampled_ids.data_ptr():
-            self.sampled_ids[:previous_token_ids.shape[0]].copy_(previous_token_ids)  # an eager step's tokens
         device_tables = self.staging.upload(arrays, num_rows, bucket, tables)
         self.block_tables[:num_rows, :tables.shape[1]].copy_(device_tables)
         if bucket not in self.graphs:
@@ -114,11 +113,7 @@ class DecodeGraphs:
         host = self.downloads[self.next_download][:num_rows]
         self.next_download = (self.next_download + 1) % len(self.downloads)
         host.copy_(self.packed[:num_rows], non_blocking=True)
-        copied = None
-        if self.packed.is_cuda:
-            copied = torch.cuda.Event()
-            copied.record()
-        return StepOutput(self.sampled_ids[:num_rows], host, copied)
+        return StepOutput(self.sampled_ids[:num_rows], host, recorded_event(self.packed))
 
     def capture_all(self) -> None:
         """Captures every bucket now (largest first, so smaller ones reuse its pool) on padding rows only."""

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from asyncrl.engine.step_output import recorded_event
+
 FIELDS = ("input_ids", "source_rows", "from_host", "positions", "write_slots", "context_lens", "row_order",
           "temperatures", "thresholds", "keys", "top_k", "top_p")
 FLOAT_FIELDS = frozenset({"temperatures", "thresholds", "top_p"})
@@ -51,9 +53,9 @@ class DecodeStaging:
         return view.view(torch.float32) if name in FLOAT_FIELDS else view
 
     def upload(self, arrays: dict[str, np.ndarray], num_rows: int, bucket: int, tables: np.ndarray) -> Tensor:
-        """Writes `arrays` (FIELDS but `thresholds`, each (num_rows,)) and the padding rows up to `bucket` into
-        the next host buffer and queues its copy to the device; returns the device view of `tables`
-        (num_rows, width) int32."""
+        """Writes `arrays` (FIELDS but `thresholds`, each (num_rows,); none for padding only) and the padding
+        rows up to `bucket` into the next host buffer and queues its copy to the device; returns the device view
+        of `tables` (num_rows, width) int32. 32-bit keys travel as their bit patterns."""
         slot = self.next_slot
         self.next_slot = (slot + 1) % len(self.host)
         if self.uploaded[slot] is not None:
@@ -61,25 +63,16 @@ class DecodeStaging:
         host = self.host[slot].numpy()
         host_floats = host.view(np.float32)
         for index, name in enumerate(FIELDS):
-            start = index * self.capacity
-            target = host_floats if name in FLOAT_FIELDS else host
-            if num_rows == 0:
-                pass  # padding only (graph capture)
-            elif name == "thresholds":
-                target[start:start + num_rows] = -np.inf  # the sampler's truncation, when used, overwrites them
-            elif name == "keys":  # 32-bit keys travel as their bit patterns
-                host[start:start + num_rows] = arrays[name].astype(np.uint32).view(np.int32)
-            else:
-                target[start:start + num_rows] = arrays[name]
-            if bucket > num_rows:
-                target[start + num_rows:start + bucket] = (np.arange(num_rows, bucket) if name == "row_order"
-                                                           else self.padding[name])
+            rows = (host_floats if name in FLOAT_FIELDS else host)[index * self.capacity:index * self.capacity + bucket]
+            filled = 0
+            if name in arrays:  # all but `thresholds` (the sampler's truncation, when used, writes them)
+                values = arrays[name]
+                rows[:num_rows] = values.astype(np.uint32).view(np.int32) if name == "keys" else values
+                filled = num_rows
+            rows[filled:] = np.arange(filled, bucket) if name == "row_order" else self.padding[name]
         num_tables = tables.size
         host[self.tables_offset:self.tables_offset + num_tables] = tables.ravel()
         size = self.tables_offset + num_tables
         self.device_buffer[:size].copy_(self.host[slot][:size], non_blocking=True)
-        if self.device_buffer.is_cuda:
-            event = torch.cuda.Event()
-            event.record()
-            self.uploaded[slot] = event
+        self.uploaded[slot] = recorded_event(self.device_buffer)
         return self.device_buffer[self.tables_offset:size].view(tables.shape)

@@ -95,15 +95,14 @@ class ModelRunner:
         """Queues the step on the device and returns without waiting for it. A decode scheduled ahead
         (`batch.source_rows`) takes its input ids from `previous`, the step launched before it."""
         with self.device_guard():
-            previous_token_ids = previous.token_ids if previous is not None else None
             if self.graphs is not None and not batch.is_prefill:
                 arrays, tables = decode_graph_arrays(batch, self.block_size, self.block_tables_cache,
                                                      self.sampling_cache)
                 return self.graphs.launch(arrays, tables, self.sampling_cache.max_top_k,
-                                          self.sampling_cache.use_top_p, previous_token_ids)
+                                          self.sampling_cache.use_top_p)
             inputs = build_step_inputs(batch, self.block_size, self.block_tables_cache, self.sampling_cache,
                                        self.device, self._num_splits(batch),
-                                       previous_token_ids)
+                                       previous.token_ids if previous is not None else None)
             hidden = self._forward(inputs)  # (S, hidden) at each sequence's last token
             # In the model dtype: the fused sampler widens bf16 in registers (a float32 copy of (S, V) logits
             # would cost more than the sampling itself); the torch paths widen first.

@@ -26,14 +26,22 @@ class StepOutput:
         return packed[:, 0].tolist(), packed[:, 1].view(np.float32).tolist()
 
 
+def recorded_event(tensor: Tensor) -> torch.cuda.Event | None:
+    """An event recorded now on the current stream when `tensor` is on CUDA (it fires once the work queued so
+    far, e.g. a copy from or to pinned memory, is done); None on CPU, where that work is already done."""
+    if not tensor.is_cuda:
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
 def start_download(token_ids: Tensor, log_probs: Tensor) -> StepOutput:
     """The step's only device-to-host copy: ids and log-prob bit patterns packed into one int32 tensor, copied
     without blocking into pinned memory, so the host can launch the next step before this one ends."""
     packed = torch.stack([token_ids.to(torch.int32), log_probs.to(torch.float32).view(torch.int32)], dim=1)
-    if packed.device.type != "cuda":
+    if not packed.is_cuda:
         return StepOutput(token_ids, packed, None)
     host = torch.empty(packed.shape, dtype=torch.int32, pin_memory=True)
     host.copy_(packed, non_blocking=True)
-    copied = torch.cuda.Event()
-    copied.record()
-    return StepOutput(token_ids, host, copied)
+    return StepOutput(token_ids, host, recorded_event(packed))

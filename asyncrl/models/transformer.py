@@ -34,10 +34,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionBackend | None) -> Tensor:
-        if attention is None:
-            return self.dense_forward(hidden, cos, sin)
-        return residual_add(*self.paged_forward(hidden, None, cos, sin, attention))
+    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """The layer over a dense (B, T) batch; with an attention backend the model calls `paged_forward`."""
+        return self.dense_forward(hidden, cos, sin)
 
     def dense_forward(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """The whole layer over a dense (B, T) batch, causal SDPA included: one graph when compiled (the
@@ -106,9 +105,9 @@ class TransformerModel(nn.Module):
         use_checkpoint = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layers:
             if use_checkpoint:
-                hidden = checkpoint(layer, hidden, cos, sin, None, use_reentrant=False)
+                hidden = checkpoint(layer, hidden, cos, sin, use_reentrant=False)
             else:
-                hidden = layer(hidden, cos, sin, None)
+                hidden = layer(hidden, cos, sin)
         return self.norm(hidden)
 
 
