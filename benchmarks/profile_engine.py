@@ -51,7 +51,7 @@ def main() -> None:
     gpu_total = sum(event.self_device_time_total for event in events) / 1e3 / options.steps
     print(f"decode step: wall {wall * 1e3:.2f} ms, GPU busy {gpu_total:.2f} ms (batch {options.batch}, "
           f"context ~{(min_prompt_len + options.prompt_len) // 2 + 20})")
-    print(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
+    print(events.table(sort_by="self_device_time_total", row_limit=45, max_name_column_width=70))
 
 
 if __name__ == "__main__":
