@@ -258,13 +258,17 @@ def _reduce_lanes(lane_max, lane_sum, lane_weight, lane_noise, lane_index, vocab
 
 
 @triton.jit
-def _log2(values, FAST_MATH: tl.constexpr):
-    """log2: the hardware's approximate one (one MUFU.LG2, relative error ~2**-22) on a GPU, libdevice's
-    polynomial under the CPU interpreter, which lacks the fast functions."""
+def _race_noise(key, vocab_ids, is_greedy, FAST_MATH: tl.constexpr):
+    """Each logit's noise in the Gumbel race: -log2(u) (Exp(1) over ln 2; 1 on greedy rows), u from the same
+    counter hash as `sampler.uniform_noise`. log2 is the hardware's approximate one (one MUFU.LG2, relative
+    error ~2**-22) on a GPU, libdevice's polynomial under the CPU interpreter, which lacks the fast functions."""
+    bits = _mix_32(key + vocab_ids.to(tl.uint32) * 0x9E3779B9)
+    uniform = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
     if FAST_MATH:
-        return libdevice.fast_log2f(values)
+        log2 = libdevice.fast_log2f(uniform)
     else:
-        return tl.log2(values)
+        log2 = tl.log2(uniform)
+    return tl.where(is_greedy, 1.0, -log2)
 
 
 @triton.jit
@@ -280,9 +284,8 @@ def _gumbel_sample_kernel(
     the lanes are reduced once at the end (a cross-lane reduction per tile cost more than the arithmetic).
     The Gumbel race argmax(x / T + g), g = -log(E), E = -log(u), runs as argmax(exp(x / T - m) / E) against
     the lane's running max m: the same winner with one logarithm per logit instead of two, since the
-    exponential is the one the logsumexp needs anyway. The race compares weight / noise fractions by cross
-    products (no division per logit) with the noise -log2(u), E over a constant, which leaves the winner alone.
-    The sampler is instruction-bound, so each of these is time: ~45 instructions per logit instead of ~80."""
+    exponential is the one the logsumexp needs anyway. Fractions compare by cross products (no division per
+    logit; the kernel is instruction-bound: ~45 instructions per logit, was ~80)."""
     row = tl.program_id(0)
     split = tl.program_id(1)
     temperature = tl.load(temperatures_ptr + row)
@@ -312,9 +315,7 @@ def _gumbel_sample_kernel(
         lane_sum = tl.where(is_new_max, lane_sum * decay + 1.0, lane_sum + decay)
         lane_weight = tl.where(is_new_max, lane_weight * decay, lane_weight)  # rescaled to the new max
         lane_max = tl.maximum(lane_max, scaled)
-        bits = _mix_32(key + vocab_ids.to(tl.uint32) * 0x9E3779B9)
-        uniform = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
-        noise = tl.where(is_greedy, 1.0, -_log2(uniform, FAST_MATH))
+        noise = _race_noise(key, vocab_ids, is_greedy, FAST_MATH)
         weight = tl.where(is_new_max, 1.0, decay)
         # weight / noise > lane_weight / lane_noise; strict: within a lane the lower vocabulary id wins a tie
         is_better = vocab_mask & (logits >= threshold) & (weight * lane_noise > lane_weight * noise)
