@@ -143,7 +143,7 @@ class DecodeGraphs:
                 max_context_len=max_context_len, is_decode=True, num_splits=num_splits,
                 row_order=field("row_order", bucket))
             attention = PagedAttention(self.kv_cache, metadata, self.decode_kernel)
-            hidden = self.model(input_ids, field("positions", bucket).long(), attention)
+            hidden = self.model(input_ids, field("positions", bucket), attention)  # int32: read by the compiled `embed`
             torch.matmul(hidden, lm_head_weight.t(), out=self.logits[:bucket])
         return forward
 

@@ -31,13 +31,17 @@ _RECOMPILE_LIMIT = 32
 
 def compile_decoder_layers(model: CausalLM | ValueModel, backend: str = "inductor") -> None:
     """Replaces every layer's `dense_forward` (the trainer's whole layer) and `attention_inputs` /
-    `attention_outputs` (the halves around an attention backend) with compiled versions, in place, and marks
+    `attention_outputs` (the halves around an attention backend), and the backbone's `embed` and `final_norm`
+    (the engine's ends of the forward), with compiled versions, in place, and marks
     the model `is_compiled` (the trainer's chunked LM head then compiles its softmax math too).
 
     Call it before FSDP wrapping or CUDA-graph capture (their hooks and captures then see the compiled
     functions). `backend="aot_eager"` traces forward and backward without code generation (CPU tests)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _RECOMPILE_LIMIT)
     model.is_compiled = True
+    backbone = model.model
+    for name in ("embed", "final_norm"):
+        setattr(backbone, name, torch.compile(getattr(backbone, name), backend=backend, fullgraph=True, dynamic=True))
     for layer in model.model.layers:
         for name in ("dense_forward", "attention_inputs", "attention_outputs"):
             setattr(layer, name, torch.compile(getattr(layer, name), backend=backend, fullgraph=True, dynamic=True))

@@ -84,13 +84,14 @@ def test_compiled_layers_share_one_graph_whatever_the_depth(family_folders: dict
         for lengths in ([5, 4], [8, 2], [11, 3, 2]):
             input_ids, positions, _ = right_padded_batch(lengths, model.config.vocab_size)
             model(input_ids, positions)
-    assert _unique_graphs() == 1  # one whole-layer graph (dense batches), for all layers and all three shapes
+    # one whole-layer graph (dense batches) for all layers and all three shapes, plus the embedding + cos/sin
+    assert _unique_graphs() == 2
     attention = PackedCausalAttention.from_lengths([4, 7])
     with torch.no_grad():
         model(torch.randint(0, model.config.vocab_size, (11,)), attention.positions(), attention)
-    # plus the halves around an attention backend, the first half twice: the first layer has no pending MLP
-    # output to add, every other layer has one
-    assert _unique_graphs() == 4
+    # plus the halves around an attention backend, the first half twice (the first layer has no pending MLP
+    # output to add, every other layer has one), the embedding of flattened (N,) tokens and the final norm
+    assert _unique_graphs() == 7
 
 
 def test_compiled_layers_leave_a_packed_attention_backend_eager(family_folders: dict[str, Path]) -> None:
