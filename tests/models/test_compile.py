@@ -105,3 +105,17 @@ def test_compiled_layers_leave_a_packed_attention_backend_eager(family_folders: 
         expected = eager(input_ids, attention.positions(), attention)
         actual = compiled(input_ids, attention.positions(), attention)
     assert (expected - actual).abs().max().item() <= 1e-5
+
+
+def test_int32_positions_give_the_same_hidden_states(family_folders: dict[str, Path]) -> None:
+    """The engine's decode graphs hand the staging buffer's int32 positions to the compiled `embed`: the
+    rotary angles, and so the output, must be those of int64 positions exactly."""
+    eager, compiled = load_model(family_folders["qwen3_qk_norm"]), load_model(family_folders["qwen3_qk_norm"])
+    compile_decoder_layers(compiled, backend="aot_eager")
+    attention = PackedCausalAttention.from_lengths([3, 9])
+    positions = attention.positions() + 1000  # far enough that a wrong angle would show
+    input_ids = torch.randint(0, eager.config.vocab_size, (12,), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = eager(input_ids, positions, attention)
+        assert torch.equal(eager(input_ids, positions.int(), attention), expected)
+        assert torch.equal(compiled(input_ids, positions.int(), attention), compiled(input_ids, positions, attention))
