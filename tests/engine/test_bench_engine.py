@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.bench.engine import LengthDistribution, main, run_engine_benchmark
+from asyncrl.bench.engine import LengthDistribution, main, make_workload, run_engine_benchmark, warm_up_requests
 from asyncrl.bench.models import qwen2_config
 from asyncrl.models import CausalLM
 
@@ -29,6 +29,16 @@ def test_length_distributions():
     assert tail.max() == 400 and 80 <= np.median(tail) <= 120 and tail.mean() > np.median(tail)
     with pytest.raises(ValueError, match="lognormal"):
         LengthDistribution.parse("normal:3")
+
+
+def test_warm_up_fills_one_full_prefill_step_with_the_workloads_prompts():
+    requests = make_workload(10, LengthDistribution.parse("100"), LengthDistribution.parse("50"), 1000, seed=0)
+    warm = warm_up_requests(requests, num_batched_tokens=350)
+    assert len(warm) == 4  # 3 x 100 tokens fall short of the 350-token step
+    assert all(np.array_equal(item.prompt_ids, source.prompt_ids) for item, source in zip(warm, requests))
+    assert {item.params.max_new_tokens for item in warm} == {4}
+    assert len({item.request_id for item in warm} | {item.request_id for item in requests}) == 14
+    assert len(warm_up_requests(requests, num_batched_tokens=1)) == 2  # two rows even when one fills the step
 
 
 def test_benchmark_counts_tokens_and_computes_the_roofline(tiny_folder, tmp_path, capsys):
