@@ -117,7 +117,8 @@ def measure_engine(engine: LLMEngine, requests: list[GenerationRequest], device:
             "decode_tokens_per_s": num_decode_tokens / max(decode_seconds, 1e-9),
             "mean_decode_batch": num_decode_tokens / max(num_decode_steps, 1),
             "num_context_tokens": num_context_tokens, "num_preemptions": engine.scheduler.num_preemptions,
-            "peak_memory_bytes": _peak_memory_bytes(device), "kv_cache_tokens": engine.kv_capacity_tokens}
+            "peak_memory_bytes": _peak_memory_bytes(device), "kv_cache_tokens": engine.kv_capacity_tokens,
+            "block_size": engine.config.block_size}
 
 
 def decode_roofline(model: CausalLM, dtype: torch.dtype, measured: dict, bandwidth: float) -> dict:
@@ -203,11 +204,12 @@ def run_engine_benchmark(model: str | Path | TransformerConfig = "qwen2.5-0.5b",
                          bandwidth: float = H200_BANDWIDTH, max_num_seqs: int = 256,
                          max_num_batched_tokens: int = 8192, gpu_memory_utilization: float = 0.8,
                          enforce_eager: bool = False, transformers_batch_size: int | None = None,
-                         seed: int = 0) -> dict:
+                         seed: int = 0, block_size: int = 0) -> dict:
     """Runs the workload on our engine (and on transformers when asked); prints a table, returns the numbers.
 
     `model`: an HF folder, a Qwen2.5 size name ("qwen2.5-0.5b", "qwen2.5-1.5b") or a TransformerConfig
-    (random weights). `device` defaults to CUDA when present, `dtype` to bf16 on CUDA and fp32 on CPU."""
+    (random weights). `device` defaults to CUDA when present, `dtype` to bf16 on CUDA and fp32 on CPU,
+    `block_size` 0 to the engine's default for the device."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
     if not isinstance(prompt_lengths, LengthDistribution):
@@ -225,7 +227,8 @@ def run_engine_benchmark(model: str | Path | TransformerConfig = "qwen2.5-0.5b",
     requests = make_workload(num_requests, prompt_lengths, output_lengths, ours.config.vocab_size, seed)
     config = EngineConfig(device=device, dtype=dtype, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens,
-                          gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager)
+                          gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+                          block_size=block_size)
     copy_bandwidth = measure_copy_bandwidth(device)  # before the engine takes its share of device memory
     engine = LLMEngine(ours, config)
     measured = measure_engine(engine, requests, device)
@@ -300,13 +303,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--block-size", type=int, default=0, help="KV-cache block size (0: the engine's default)")
     parser.add_argument("--output", type=Path, default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
     result = run_engine_benchmark(
         args.model, args.num_requests, args.prompt_lengths, args.output_lengths,
         getattr(torch, args.dtype) if args.dtype else None, args.device, args.compare_transformers, args.bandwidth,
         args.max_num_seqs, args.max_num_batched_tokens, args.gpu_memory_utilization, args.enforce_eager,
-        args.transformers_batch_size, args.seed)
+        args.transformers_batch_size, args.seed, args.block_size)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=2) + "\n")

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from asyncrl.engine.kv_cache import KVCache
-from asyncrl.models.attention import causal_attention
+from asyncrl.models.attention import causal_attention, varlen_causal_attention
 
 class DecodeKernel(Protocol):
     """`triton_kernels.paged_decode_attention`'s calling convention, as the engine uses it."""
@@ -56,6 +56,9 @@ class AttentionMetadata:
     # (R,) int32 decode rows by descending context length: the decode kernel starts their programs in this
     # order, so the longest finish early enough (a batch's contexts differ by up to thousands of tokens).
     row_order: Tensor | None = None
+    # (R + 1,) int32 cumulative query lengths of a prefill, whose rows' new tokens lie back to back in token
+    # order: the variable-length attention kernel's row bounds. None for decodes.
+    query_starts: Tensor | None = None
 
 
 class PagedAttention:
@@ -119,7 +122,10 @@ def unpad_rows(padded: Tensor, metadata: AttentionMetadata) -> Tensor:
 
 def dense_prefill_attention(query: Tensor, key: Tensor, value: Tensor, metadata: AttentionMetadata) -> Tensor:
     """Causal attention among the new tokens of rows that all start at position 0: query (N, Hq, D),
-    key/value (N, Hkv, D) -> (N, Hq, D), computed on right-padded (R, T_max) rows."""
+    key/value (N, Hkv, D) -> (N, Hq, D). In bf16/fp16 by the variable-length flash kernel on the packed
+    tokens; otherwise (fp32) computed on right-padded (R, T_max) rows."""
+    if metadata.query_starts is not None and query.dtype in (torch.bfloat16, torch.float16):
+        return varlen_causal_attention(query, key, value, metadata.query_starts, metadata.max_query_len)
     # Right padding is harmless under a causal mask: no real token sees a later padded one.
     output = causal_attention(pad_rows(query, metadata), pad_rows(key, metadata), pad_rows(value, metadata),
                               grouped=query.shape[1] != key.shape[1])

@@ -16,6 +16,7 @@ import itertools
 import logging
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from asyncrl.engine.attention import AttentionMetadata, DecodeKernel, PagedAttention
@@ -188,7 +189,7 @@ class ModelRunner:
             block_tables=torch.zeros((len(lengths), 1), dtype=torch.int32, device=device),
             context_lens=lengths_tensor.to(torch.int32), query_lens=lengths_tensor,
             query_token_indices=token_indices, max_query_len=row_length, max_context_len=row_length,
-            is_decode=False)
+            is_decode=False, query_starts=F.pad(lengths_tensor.cumsum(0), (1, 0)).to(torch.int32))
         scratch_cache = KVCache(self.model.config, 1, self.block_size, self.config.model_dtype, device)
         positions = torch.cat([torch.arange(length, device=device) for length in lengths])
         input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)

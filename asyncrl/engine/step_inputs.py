@@ -156,6 +156,7 @@ def _prefill_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> 
         "block_tables": _block_tables(leaders, sink_block),
         "context_lens": lengths.astype(np.int32),
         "query_lens": lengths,
+        "query_starts": starts.astype(np.int32),
         "query_token_indices": np.concatenate([row * lengths.max() + np.arange(length)
                                                for row, length in enumerate(lengths)]),
         "last_token_indices": starts[leader_rows + 1] - 1,
@@ -231,7 +232,8 @@ def build_step_inputs(batch: ScheduledBatch, block_size: int, block_tables_cache
         query_lens=tensors["query_lens"], query_token_indices=tensors["query_token_indices"],
         max_query_len=int(arrays["query_lens"].max()), max_context_len=int(arrays["context_lens"].max()),
         is_decode=not batch.is_prefill, num_splits=num_splits,
-        row_order=None if batch.is_prefill else tensors["row_order"])
+        row_order=None if batch.is_prefill else tensors["row_order"],
+        query_starts=tensors["query_starts"] if batch.is_prefill else None)
     sampling = SamplingInputs(
         temperatures=tensors["temperatures"], top_k=tensors["top_k"], top_p=tensors["top_p"], keys=tensors["keys"],
         max_top_k=sampling_cache.max_top_k, use_top_p=sampling_cache.use_top_p)

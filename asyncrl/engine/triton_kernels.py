@@ -39,26 +39,56 @@ def _online_softmax_update(running_max, running_sum, accumulator, scores):
 def _attend_cached_tiles(
     query, scale, running_max, running_sum, accumulator, key_cache_ptr, value_cache_ptr, block_tables_ptr,
     sequence, kv_head, start, end, dims, dim_mask, stride_table_sequence, stride_cache_block, stride_cache_token,
-    stride_cache_head, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    stride_cache_head, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, TILE_IN_BLOCK: tl.constexpr,
+    PADDED_DIMS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Positions start .. end - 1 of (sequence, kv head), read from the cache through the block table a tile
-    of `TILE` positions at a time."""
+    of `TILE` positions at a time.
+
+    TILE_IN_BLOCK (the block size a multiple of the tile, and `start` of a tile boundary): every tile lies in
+    one block, whose id is one scalar load, and the tile's addresses are a fixed pattern around it. Otherwise
+    each position looks up its own block (a gather). Measured on an H200 (0.5B shapes, 256 sequences,
+    contexts 640-1,536 in shuffled blocks): 45 us per layer with 16-position blocks gathered, 40-41 us with
+    128-position blocks read whole.
+
+    A whole-block tile's keys load without a position mask (the block belongs to the sequence, and the
+    scores of positions from `end` on are replaced before the softmax, NaN included); its values keep the
+    mask, since a stale NaN times a zero probability would still reach the output."""
     tile_offsets = tl.arange(0, TILE)
+    in_tile_offsets = (tile_offsets * stride_cache_token)[:, None] + dims[None, :]  # (TILE, D), loop-invariant
     for tile_start in range(start, end, TILE):
         positions = tile_start + tile_offsets
         position_mask = positions < end
-        block_ids = tl.load(block_tables_ptr + sequence * stride_table_sequence + positions // BLOCK_SIZE,
-                            mask=position_mask, other=0).to(tl.int64)
-        token_offsets = (block_ids * stride_cache_block + (positions % BLOCK_SIZE) * stride_cache_token
-                         + kv_head * stride_cache_head)
-        kv_offsets = token_offsets[:, None] + dims[None, :]
-        kv_mask = position_mask[:, None] & dim_mask[None, :]
-        key = tl.load(key_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (TILE, D)
+        if TILE_IN_BLOCK:
+            block_id = tl.load(block_tables_ptr + sequence * stride_table_sequence + tile_start // BLOCK_SIZE)
+            tile_base = (block_id.to(tl.int64) * stride_cache_block + kv_head * stride_cache_head
+                         + (tile_start % BLOCK_SIZE) * stride_cache_token)
+            kv_offsets = tile_base + in_tile_offsets
+        else:
+            block_ids = tl.load(block_tables_ptr + sequence * stride_table_sequence + positions // BLOCK_SIZE,
+                                mask=position_mask, other=0).to(tl.int64)
+            token_offsets = (block_ids * stride_cache_block + (positions % BLOCK_SIZE) * stride_cache_token
+                             + kv_head * stride_cache_head)
+            kv_offsets = token_offsets[:, None] + dims[None, :]
+        if PADDED_DIMS:
+            value_mask = position_mask[:, None] & dim_mask[None, :]
+            if TILE_IN_BLOCK:
+                key = tl.load(key_cache_ptr + kv_offsets, mask=dim_mask[None, :], other=0.0)  # (TILE, D)
+            else:
+                key = tl.load(key_cache_ptr + kv_offsets, mask=value_mask, other=0.0)
+        else:
+            # No mask along an unpadded head dimension: with `dims < HEAD_DIM` in the masks, whole-block tiles
+            # measured no faster than gathered ones (45 us per layer instead of 41, 0.5B on an H200).
+            value_mask = position_mask[:, None]
+            if TILE_IN_BLOCK:
+                key = tl.load(key_cache_ptr + kv_offsets)
+            else:
+                key = tl.load(key_cache_ptr + kv_offsets, mask=value_mask, other=0.0)
         scores = tl.dot(query, tl.trans(key), input_precision=DOT_PRECISION) * scale  # (G, TILE) fp32
         scores = tl.where(position_mask[None, :], scores, NEGATIVE_LARGE)
         running_max, probs, running_sum, accumulator = _online_softmax_update(running_max, running_sum,
                                                                               accumulator, scores)
-        value = tl.load(value_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (TILE, D)
+        value = tl.load(value_cache_ptr + kv_offsets, mask=value_mask, other=0.0)  # (TILE, D)
         accumulator += tl.dot(probs.to(value.dtype), value, input_precision=DOT_PRECISION)
     return running_max, running_sum, accumulator
 
@@ -97,8 +127,8 @@ def _paged_decode_kernel(
     stride_cache_block, stride_cache_token, stride_cache_head,
     stride_table_sequence, stride_output_sequence, stride_output_head,
     NUM_HEADS: tl.constexpr, GROUP_SIZE: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, WRITE_NEW: tl.constexpr, ORDERED: tl.constexpr,
+    HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, TILE_IN_BLOCK: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr, WRITE_NEW: tl.constexpr, ORDERED: tl.constexpr,
 ):
     # Programs start in launch order, the first grid axis fastest: a sequence's (head, split) programs are
     # adjacent, and with a row order the longest contexts start first (no long program starts last).
@@ -124,7 +154,7 @@ def _paged_decode_kernel(
         query, scale, tl.full([GROUP_PAD], NEGATIVE_LARGE, tl.float32), tl.zeros([GROUP_PAD], tl.float32),
         tl.zeros([GROUP_PAD, HEAD_PAD], tl.float32), key_cache_ptr, value_cache_ptr, block_tables_ptr, sequence,
         kv_head, start, end, dims, dim_mask, stride_table_sequence, stride_cache_block, stride_cache_token,
-        stride_cache_head, BLOCK_SIZE, TILE, DOT_PRECISION)
+        stride_cache_head, BLOCK_SIZE, TILE, TILE_IN_BLOCK, HEAD_DIM != HEAD_PAD, DOT_PRECISION)
     if WRITE_NEW:
         if split == 0:
             running_max, running_sum, accumulator = _store_and_attend_new_token(
@@ -179,7 +209,9 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
     """query (S, Hq, D) of each sequence's newest token; key/value caches (num_blocks, block_size, Hkv, D);
     block_tables (S, W) int32; context_lens (S,) int32 (>= 1) -> (S, Hq, D) in the query's dtype.
     `num_splits` divides each context among that many programs (more parallelism for small batches);
-    `tile` (positions per step of a program) defaults to `TILE_ELEMENTS` // head dimension.
+    `tile` (positions per step of a program) defaults to `TILE_ELEMENTS` // head dimension. A block size that
+    is a multiple of the tile reads each tile from one block (one block-id load per tile, not per position):
+    the engine's CUDA default of 128-position blocks does.
 
     With new_key/new_value (S, Hkv, D) and write_slots (S,) int64, the kernel also stores the step's new
     key/value at their slots (the last of each context) and attends to them from registers: one launch per
@@ -198,7 +230,7 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
         raise ValueError("paged_decode_attention needs the head dimension contiguous")
     group_size = num_heads // num_kv_heads
     head_pad = max(MIN_DOT_SIZE, triton.next_power_of_2(head_dim))
-    tile = tile if tile is not None else TILE_ELEMENTS // head_pad
+    tile = max(MIN_DOT_SIZE, tile if tile is not None else TILE_ELEMENTS // head_pad)
     output = torch.empty_like(query)
     partial_output = partial_max = partial_sum = output  # unused placeholders when there is one split
     if num_splits > 1:
@@ -216,7 +248,7 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
         block_tables.stride(0), output.stride(0), output.stride(1),
         NUM_HEADS=num_heads, GROUP_SIZE=group_size,
         GROUP_PAD=max(MIN_DOT_SIZE, triton.next_power_of_2(group_size)),
-        HEAD_DIM=head_dim, HEAD_PAD=head_pad, BLOCK_SIZE=block_size, TILE=max(MIN_DOT_SIZE, tile),
+        HEAD_DIM=head_dim, HEAD_PAD=head_pad, BLOCK_SIZE=block_size, TILE=tile, TILE_IN_BLOCK=block_size % tile == 0,
         NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", WRITE_NEW=write_new,
         ORDERED=row_order is not None, num_warps=num_warps, num_stages=num_stages,
     )

@@ -6,11 +6,14 @@ engine and (bf16) against a dense forward, weight updates under graphs, sleep / 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
+from asyncrl.engine.attention import AttentionMetadata, dense_prefill_attention
 from asyncrl.models import build_tiny_model, iter_named_tensors, load_model
 
 from .helpers import make_engine, prompt
@@ -48,18 +51,21 @@ def test_memory_plan_sizes_the_cache_from_the_budget(wide_folder):
     plan = engine.runner.memory_plan
     assert plan is not None and plan.activation_bytes > 0 and plan.weight_bytes > 0
     assert plan.kv_cache_bytes <= plan.budget_bytes - plan.weight_bytes - plan.activation_bytes
-    assert engine.num_kv_blocks > 0 and engine.kv_capacity_tokens == engine.num_kv_blocks * 16
+    assert engine.config.block_size == 128  # the CUDA default: whole decode-attention tiles per block
+    assert engine.num_kv_blocks > 0 and engine.kv_capacity_tokens == engine.num_kv_blocks * 128
 
 
 @pytest.mark.parametrize("folder_name", ["tiny_folder", "wide_folder"])
 @pytest.mark.parametrize("truncation", [{}, {"top_k": 20, "top_p": 0.9}])
-def test_cuda_fp32_matches_cpu_engine(folder_name, truncation, request):
+@pytest.mark.parametrize("block_size", [16, 128])  # shared prompt blocks, gathered tiles / the CUDA default
+def test_cuda_fp32_matches_cpu_engine(folder_name, truncation, block_size, request):
     """Graphs and eager against the CPU engine; with top-k / top-p the graph path computes thresholds
     between its forward and sampling graphs."""
     folder = request.getfixturevalue(folder_name)
     expected = make_engine(folder, block_size=16).generate(requests_for(12, **truncation))
     for enforce_eager in (True, False):
-        results = cuda_engine(folder, enforce_eager=enforce_eager).generate(requests_for(12, **truncation))
+        results = cuda_engine(folder, enforce_eager=enforce_eager, block_size=block_size).generate(
+            requests_for(12, **truncation))
         assert token_agreement(results, expected) >= 0.95
         first_tokens = [result.response_log_probs[0] for result in results]
         np.testing.assert_allclose(first_tokens, [result.response_log_probs[0] for result in expected], atol=1e-3)
@@ -76,17 +82,45 @@ def dense_log_probs_cuda(model, result) -> np.ndarray:
 
 def test_bf16_log_probs_match_a_dense_forward_with_and_without_graphs(wide_folder):
     """In bf16 sampled tokens may diverge between paths (near-ties round differently), so each path is
-    checked against a teacher-forced dense forward of its own tokens."""
+    checked against a teacher-forced dense forward of its own tokens. 150 new tokens cross the first
+    128-position block: the decode kernel reads whole-block tiles from two blocks per sequence."""
     model = load_model(wide_folder, dtype=torch.bfloat16, device="cuda")
     for enforce_eager in (True, False):
         engine = cuda_engine(wide_folder, dtype=torch.bfloat16, enforce_eager=enforce_eager)
-        results = engine.generate(requests_for(40))
+        results = engine.generate(requests_for(40, max_new_tokens=150))
         assert (engine.runner.graphs is None) == enforce_eager
         if not enforce_eager:
             assert len(engine.runner.graphs.graphs) > 0
         differences = [np.abs(result.response_log_probs - dense_log_probs_cuda(model, result)).mean()
                        for result in results[:8]]
         assert max(differences) < 0.05, differences
+
+
+def test_bf16_prefill_attention_runs_varlen_and_equals_the_padded_rows():
+    """The packed variable-length kernel against the padded-rows path it replaces, rows of very different
+    lengths, grouped query heads (14 over 2, the 0.5B shape)."""
+    lengths = [5, 300, 77, 1024, 1]
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    num_tokens = sum(lengths)
+    query, key, value = (torch.randn((num_tokens, heads, 64), device="cuda", dtype=torch.bfloat16, generator=generator)
+                         for heads in (14, 2, 2))
+    lengths_tensor = torch.tensor(lengths, device="cuda")
+    starts = torch.nn.functional.pad(lengths_tensor.cumsum(0), (1, 0))
+    row_starts = torch.repeat_interleave(starts[:-1], lengths_tensor)
+    rows = torch.repeat_interleave(torch.arange(len(lengths), device="cuda"), lengths_tensor)
+    metadata = AttentionMetadata(
+        write_slots=torch.zeros(0, dtype=torch.int64, device="cuda"), write_rows=None,
+        block_tables=torch.zeros((len(lengths), 1), dtype=torch.int32, device="cuda"),
+        context_lens=lengths_tensor.to(torch.int32), query_lens=lengths_tensor,
+        query_token_indices=rows * max(lengths) + torch.arange(num_tokens, device="cuda") - row_starts,
+        max_query_len=max(lengths), max_context_len=max(lengths), is_decode=False)
+    padded = dense_prefill_attention(query, key, value, metadata)
+    packed = dense_prefill_attention(query, key, value, dataclasses.replace(metadata, query_starts=starts.to(torch.int32)))
+    exact = dense_prefill_attention(query.float(), key.float(), value.float(), metadata)
+    torch.testing.assert_close(packed, padded, atol=4e-3, rtol=2e-2)
+    torch.testing.assert_close(packed.float(), exact, atol=1e-2, rtol=2e-2)
+    # The one-token row attends to itself only: its output is its value, repeated over the 7 query heads.
+    torch.testing.assert_close(packed[-1], value[-1].repeat_interleave(7, dim=0))
 
 
 def test_update_weights_keeps_graphs_valid_and_sleep_wake_recaptures(tiny_folder, tmp_path):

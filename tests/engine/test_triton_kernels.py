@@ -46,13 +46,16 @@ def paged_case(context_lens: list[int], num_heads: int, num_kv_heads: int, head_
 
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(4, 2, 16), (14, 2, 64), (6, 6, 48)])
-def test_paged_decode_matches_torch_paged_attention(num_splits, num_heads, num_kv_heads, head_dim):
+# Blocks of 4 are gathered position by position (tiles of 16 span four blocks); blocks of 16 and 32 hold whole
+# tiles, read with one block id each (32: two tiles per block, the second starting mid-block).
+@pytest.mark.parametrize("block_size", [4, 16, 32])
+def test_paged_decode_matches_torch_paged_attention(num_splits, num_heads, num_kv_heads, head_dim, block_size):
     from asyncrl.engine.triton_kernels import paged_decode_attention
 
     dtype = torch.bfloat16 if IS_CUDA else torch.float32
     context_lens = [1, 5, 16, 17, 70]
     query, key_cache, value_cache, tables, lengths = paged_case(context_lens, num_heads, num_kv_heads, head_dim,
-                                                                4, dtype)
+                                                                block_size, dtype)
     metadata = AttentionMetadata(
         write_slots=torch.zeros(0, dtype=torch.int64), write_rows=None, block_tables=tables, context_lens=lengths,
         query_lens=torch.ones(len(context_lens), dtype=torch.int64, device=DEVICE),
@@ -65,15 +68,36 @@ def test_paged_decode_matches_torch_paged_attention(num_splits, num_heads, num_k
     assert (output.float() - expected).abs().max().item() <= tolerance
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_paged_decode_that_stores_the_new_token_equals_a_cache_write_then_attention(num_splits):
-    """The engine's decode launch: the kernel writes each sequence's new key/value at its slot (the last
-    position of its context) and attends to it from registers; values arrive as a strided view (a split of
-    the fused q/k/v output). Caches and outputs equal a separate write followed by the plain kernel."""
+@pytest.mark.parametrize("block_size", [4, 32])
+def test_paged_decode_ignores_nan_left_in_unattended_slots(block_size):
+    """Slots past a context (a block's unused tail, written long ago by a sequence whose numbers blew up) may
+    hold NaN: whole-block tiles read them, and the output must still equal the clean cache's."""
     from asyncrl.engine.triton_kernels import paged_decode_attention
 
     dtype = torch.bfloat16 if IS_CUDA else torch.float32
-    num_heads, num_kv_heads, head_dim, block_size = 14, 2, 64, 4
+    context_lens = [1, 5, 16, 17, 70]
+    query, key_cache, value_cache, tables, lengths = paged_case(context_lens, 14, 2, 64, block_size, dtype)
+    expected = paged_decode_attention(query, key_cache, value_cache, tables, lengths, tile=16)
+    for row, length in enumerate(context_lens):
+        for position in range(length, tables.shape[1] * block_size):
+            block = tables[row, position // block_size]
+            key_cache[block, position % block_size] = float("nan")
+            value_cache[block, position % block_size] = float("nan")
+    output = paged_decode_attention(query, key_cache, value_cache, tables, lengths, tile=16)
+    assert torch.equal(output, expected)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("block_size", [4, 32])
+def test_paged_decode_that_stores_the_new_token_equals_a_cache_write_then_attention(num_splits, block_size):
+    """The engine's decode launch: the kernel writes each sequence's new key/value at its slot (the last
+    position of its context) and attends to it from registers; values arrive as a strided view (a split of
+    the fused q/k/v output). Caches and outputs equal a separate write followed by the plain kernel. With
+    blocks of 32 the last tile read from the cache holds the slot being written: its stale value is masked."""
+    from asyncrl.engine.triton_kernels import paged_decode_attention
+
+    dtype = torch.bfloat16 if IS_CUDA else torch.float32
+    num_heads, num_kv_heads, head_dim = 14, 2, 64
     context_lens = [1, 5, 16, 17, 70]  # 1: only the new token (CUDA-graph padding rows look like this)
     query, key_cache, value_cache, tables, lengths = paged_case(context_lens, num_heads, num_kv_heads, head_dim,
                                                                 block_size, dtype)
