@@ -36,8 +36,7 @@ def _blocked_kernel(query_ptr, key_ptr, value_ptr, tables_ptr, lengths_ptr, outp
                     stride_table, stride_output_sequence, stride_output_head, GROUP_SIZE: tl.constexpr,
                     GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, USE_TMA: tl.constexpr,
                     ROWS_PER_BLOCK: tl.constexpr, ROWS_PER_HEAD: tl.constexpr, COLUMNS_PER_HEAD: tl.constexpr,
-                    READ_ONLY: tl.constexpr, MASK_VALUES: tl.constexpr, ENGINE_ADDRESSES: tl.constexpr = False,
-                    ENGINE_BOUNDS: tl.constexpr = False):
+                    READ_ONLY: tl.constexpr, MASK_VALUES: tl.constexpr):
     kv_head = tl.program_id(0)
     sequence = tl.load(order_ptr + tl.program_id(1))
     length = tl.load(lengths_ptr + sequence)
@@ -51,21 +50,11 @@ def _blocked_kernel(query_ptr, key_ptr, value_ptr, tables_ptr, lengths_ptr, outp
     running_max = tl.full([GROUP_PAD], NEGATIVE_LARGE, tl.float32)
     running_sum = tl.zeros([GROUP_PAD], tl.float32)
     accumulator = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    start = 0
-    end = length
-    if ENGINE_BOUNDS:  # the engine kernel's split arithmetic, with one split
-        split = tl.program_id(0) % 1
-        tiles_per_split = tl.cdiv(tl.cdiv(length, BLOCK_SIZE), 1)
-        start = split * tiles_per_split * BLOCK_SIZE
-        end = tl.minimum(start + tiles_per_split * BLOCK_SIZE, length)
-    for tile_start in range(start, end, BLOCK_SIZE):
+    for tile_start in range(0, length, BLOCK_SIZE):
         block = tl.load(tables_ptr + sequence * stride_table + tile_start // BLOCK_SIZE)
         if USE_TMA:
             row = block * ROWS_PER_BLOCK + kv_head * ROWS_PER_HEAD
             key = key_ptr.load([row, kv_head * COLUMNS_PER_HEAD])
-        elif ENGINE_ADDRESSES:  # the in-block offset added per row, as the engine kernel first did
-            tile_offsets = (block.to(tl.int64) * stride_block + kv_head * stride_head
-                            + (tile_start % BLOCK_SIZE + offsets) * stride_token)[:, None] + dims[None, :]
         else:
             tile_offsets = (block.to(tl.int64) * stride_block + kv_head * stride_head
                             + (offsets * stride_token)[:, None] + dims[None, :])
@@ -78,13 +67,13 @@ def _blocked_kernel(query_ptr, key_ptr, value_ptr, tables_ptr, lengths_ptr, outp
             accumulator += tl.sum((key.to(tl.float32) + value.to(tl.float32)), 0)[None, :]
         else:
             scores = tl.dot(query, tl.trans(key)) * scale
-            scores = tl.where((tile_start + offsets)[None, :] < end, scores, NEGATIVE_LARGE)
+            scores = tl.where((tile_start + offsets)[None, :] < length, scores, NEGATIVE_LARGE)
             running_max, probs, running_sum, accumulator = _online_softmax_update(running_max, running_sum,
                                                                                   accumulator, scores)
             if USE_TMA:
                 value = value_ptr.load([row, kv_head * COLUMNS_PER_HEAD])
             elif MASK_VALUES:
-                value = tl.load(value_ptr + tile_offsets, mask=(tile_start + offsets)[:, None] < end, other=0.0)
+                value = tl.load(value_ptr + tile_offsets, mask=(tile_start + offsets)[:, None] < length, other=0.0)
             else:
                 value = tl.load(value_ptr + tile_offsets)
             accumulator += tl.dot(probs.to(value.dtype), value)
@@ -97,7 +86,7 @@ def _blocked_kernel(query_ptr, key_ptr, value_ptr, tables_ptr, lengths_ptr, outp
 
 
 def blocked_attention(query, key_cache, value_cache, tables, lengths, order, *, layout, use_tma, warps, stages,
-                      read_only=False, mask_values=False, engine_addresses=False, engine_bounds=False):
+                      read_only=False, mask_values=False):
     """key/value caches are (blocks, block_size, Hkv, D) views, of token-major or head-major storage."""
     num_sequences, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads = key_cache.shape[:3]
@@ -121,10 +110,8 @@ def blocked_attention(query, key_cache, value_cache, tables, lengths, order, *, 
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), tables.stride(0), output.stride(0),
         output.stride(1), GROUP_SIZE=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, USE_TMA=use_tma, ROWS_PER_BLOCK=rows_per_block, ROWS_PER_HEAD=rows_per_head,
-        COLUMNS_PER_HEAD=columns_per_head, READ_ONLY=read_only, MASK_VALUES=mask_values, ENGINE_ADDRESSES=engine_addresses,
-        ENGINE_BOUNDS=engine_bounds, num_warps=warps, num_stages=stages)
-    KERNEL_REPORTS.setdefault((layout, use_tma, read_only, mask_values, engine_addresses, engine_bounds, warps, stages),
-                              _report(compiled))
+        COLUMNS_PER_HEAD=columns_per_head, READ_ONLY=read_only, MASK_VALUES=mask_values, num_warps=warps, num_stages=stages)
+    KERNEL_REPORTS.setdefault((block_size, layout, use_tma, read_only, mask_values, warps, stages), _report(compiled))
     return output
 
 
@@ -200,8 +187,6 @@ def main() -> None:
                         continue
                     variants.append((kind, dict(warps=warps, stages=stages)))
                 variants.append(("masked", dict(warps=4, stages=3)))  # blocked, values masked past the length
-                variants.append(("masked+addresses", dict(warps=4, stages=3)))
-                variants.append(("masked+bounds", dict(warps=4, stages=3)))
                 variants.append(("read", dict(warps=4, stages=3)))
             for kind, config in variants:
                 if kind == "engine":
@@ -211,9 +196,7 @@ def main() -> None:
                 else:
                     run = lambda: blocked_attention(query, key_cache, value_cache, tables, lengths, order,
                                                     layout=layout, use_tma=kind in ("tma", "read"),
-                                                    read_only=kind == "read", mask_values=kind.startswith("masked"),
-                                                    engine_addresses=kind == "masked+addresses",
-                                                    engine_bounds=kind == "masked+bounds", **config)
+                                                    read_only=kind == "read", mask_values=kind == "masked", **config)
                 try:
                     output = run()
                     error = float("nan") if kind == "read" else (
@@ -224,14 +207,14 @@ def main() -> None:
                           f"{str(exception)[:160]}", flush=True)
                     continue
                 rows.append((name, low, high, block_size, layout, kind, config, microseconds, error))
-                print(f"  block {block_size:3d} {layout:5s} {kind:16s} w{config['warps']} s{config['stages']}: "
+                print(f"  block {block_size:3d} {layout:5s} {kind:7s} w{config['warps']} s{config['stages']}: "
                       f"{microseconds:6.1f} us {kv_bytes / microseconds / 1e6:5.2f} TB/s rel.err {error:.1e}",
                       flush=True)
             del case, query, key_cache, value_cache, reference
             torch.cuda.empty_cache()
     print("\ncompiled kernels:")
     for key, report in KERNEL_REPORTS.items():
-        print(f"  blocked {key}: {report}")
+        print(f"  blocked (block, layout, tma, read, masked, warps, stages) {key}: {report}")
     try:  # the engine kernel's compiled variants (Triton's per-device cache)
         from asyncrl.engine.triton_kernels import _paged_decode_kernel
         for compiled in _paged_decode_kernel.device_caches[torch.cuda.current_device()][0].values():

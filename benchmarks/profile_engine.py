@@ -21,11 +21,14 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--min-prompt-len", type=int, default=None, help="prompt lengths uniform from this one")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rows", type=int, default=45, help="kernels listed")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--block-size", type=int, default=16, help="KV-cache block size in positions")
     options = parser.parse_args()
     model = random_model(qwen2_config(options.model), torch.bfloat16, "cuda")
     engine = LLMEngine(model, EngineConfig(device="cuda", max_num_seqs=options.batch, gpu_memory_utilization=0.6,
-                                           enforce_eager=options.enforce_eager, max_num_batched_tokens=16384))
+                                           enforce_eager=options.enforce_eager, max_num_batched_tokens=16384,
+                                           block_size=options.block_size))
     generator = torch.Generator().manual_seed(0)
     min_prompt_len = options.min_prompt_len or options.prompt_len
     for index in range(options.batch):
@@ -51,7 +54,7 @@ def main() -> None:
     gpu_total = sum(event.self_device_time_total for event in events) / 1e3 / options.steps
     print(f"decode step: wall {wall * 1e3:.2f} ms, GPU busy {gpu_total:.2f} ms (batch {options.batch}, "
           f"context ~{(min_prompt_len + options.prompt_len) // 2 + 20})")
-    print(events.table(sort_by="self_device_time_total", row_limit=45, max_name_column_width=70))
+    print(events.table(sort_by="self_device_time_total", row_limit=options.rows, max_name_column_width=70))
 
 
 if __name__ == "__main__":

@@ -70,8 +70,8 @@ class RolloutConfig:
     seed: int = option(0, "base seed of per-request sampling seeds")
     max_num_seqs: int = option(256, "maximum sequences decoded together by one engine", gt=0)
     max_num_batched_tokens: int = option(8192, "maximum tokens in one engine forward (prefill chunk)", gt=0)
-    block_size: int = option(0, "tokens per KV-cache block; 0 = 128 on CUDA (the decode kernel then reads each "
-                                "attention tile from one block), 16 on CPU", ge=0)
+    block_size: int = option(16, "tokens per KV-cache block (a multiple of the decode kernel's tile, 128 positions "
+                                 "at head dimension 64, makes it read each tile from one block)", gt=0)
     gpu_memory_utilization: float = option(
         0.5, "fraction of device memory the engine may take on GPU, weights included", gt=0.0, le=1.0)
     cpu_kv_cache_mb: int = option(256, "KV-cache byte budget of the engine on CPU, in MiB", gt=0)

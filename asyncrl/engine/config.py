@@ -13,15 +13,6 @@ import torch
 from asyncrl.config.schema import RolloutConfig
 
 
-# Default KV-cache block sizes. On CUDA a block holds whole decode-attention tiles (128 positions at head
-# dimension 64, 64 at 128), so the kernel loads one block id per tile instead of one per position: 0.5B decode
-# attention 45 -> 40 us per layer, 1.5B 87 -> 75 us on an H200 (256 sequences, contexts 640-1,536,
-# `benchmarks/decode_attention_layouts.py`). On CPU the torch path gathers whole blocks up to the longest
-# context, so smaller blocks waste less on the short sequences of CPU runs.
-CUDA_BLOCK_SIZE = 128
-CPU_BLOCK_SIZE = 16
-
-
 @dataclass
 class EngineConfig:
     """Limits and memory budget of one `LLMEngine`.
@@ -34,7 +25,7 @@ class EngineConfig:
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    block_size: int = 0  # 0: CUDA_BLOCK_SIZE on CUDA, CPU_BLOCK_SIZE on CPU
+    block_size: int = 16
     gpu_memory_utilization: float = 0.5
     cpu_kv_cache_mb: int = 256
     num_kv_blocks: int | None = None
@@ -48,10 +39,6 @@ class EngineConfig:
     dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
-        if torch.device(self.device).type not in ("cpu", "cuda"):
-            raise ValueError(f"engine.device must be 'cpu' or 'cuda[:i]', got {self.device!r}")
-        if self.block_size == 0:
-            self.block_size = CUDA_BLOCK_SIZE if torch.device(self.device).type == "cuda" else CPU_BLOCK_SIZE
         for key in ("max_num_seqs", "max_num_batched_tokens", "block_size", "cpu_kv_cache_mb"):
             value = getattr(self, key)
             if not isinstance(value, int) or value <= 0:
@@ -62,6 +49,8 @@ class EngineConfig:
             raise ValueError(f"engine.num_kv_blocks must be positive or None, got {self.num_kv_blocks}")
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise ValueError(f"engine.max_model_len must be > 1 or None, got {self.max_model_len}")
+        if torch.device(self.device).type not in ("cpu", "cuda"):
+            raise ValueError(f"engine.device must be 'cpu' or 'cuda[:i]', got {self.device!r}")
 
     @property
     def torch_device(self) -> torch.device:

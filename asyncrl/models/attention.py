@@ -47,9 +47,9 @@ def varlen_causal_attention(query: Tensor, key: Tensor, value: Tensor, starts: T
     key/value (N, Hkv, D) with Hq a multiple of Hkv, starts (R + 1,) int32 cumulative lengths, max_length the
     longest -> (N, Hq, D).
 
-    Flash attention's variable-length kernel: no padded (R, T_max) copies, and no work on padding. An engine
-    prefill of 8k tokens in ~13 rows of 128-1,024 spent a quarter of its GPU time in padded attention and in
-    the pad/unpad copies around it (0.5B on an H200)."""
+    Flash attention's variable-length kernel: no padded (R, T_max) copies, and no work on padding. The engine
+    bench's 20 prefill steps (152k prompt tokens in rows of 128-1,024, 0.5B on an H200) took 0.77 s padded and
+    0.46 s packed."""
     output, *_ = torch.ops.aten._flash_attention_forward(query, key, value, starts, starts, max_length, max_length,
                                                          0.0, True, False)
     return output

@@ -51,13 +51,12 @@ def test_memory_plan_sizes_the_cache_from_the_budget(wide_folder):
     plan = engine.runner.memory_plan
     assert plan is not None and plan.activation_bytes > 0 and plan.weight_bytes > 0
     assert plan.kv_cache_bytes <= plan.budget_bytes - plan.weight_bytes - plan.activation_bytes
-    assert engine.config.block_size == 128  # the CUDA default: whole decode-attention tiles per block
-    assert engine.num_kv_blocks > 0 and engine.kv_capacity_tokens == engine.num_kv_blocks * 128
+    assert engine.num_kv_blocks > 0 and engine.kv_capacity_tokens == engine.num_kv_blocks * 16
 
 
 @pytest.mark.parametrize("folder_name", ["tiny_folder", "wide_folder"])
 @pytest.mark.parametrize("truncation", [{}, {"top_k": 20, "top_p": 0.9}])
-@pytest.mark.parametrize("block_size", [16, 128])  # shared prompt blocks, gathered tiles / the CUDA default
+@pytest.mark.parametrize("block_size", [16, 128])  # gathered tiles, shared prompt blocks / whole-block tiles
 def test_cuda_fp32_matches_cpu_engine(folder_name, truncation, block_size, request):
     """Graphs and eager against the CPU engine; with top-k / top-p the graph path computes thresholds
     between its forward and sampling graphs."""
@@ -82,11 +81,11 @@ def dense_log_probs_cuda(model, result) -> np.ndarray:
 
 def test_bf16_log_probs_match_a_dense_forward_with_and_without_graphs(wide_folder):
     """In bf16 sampled tokens may diverge between paths (near-ties round differently), so each path is
-    checked against a teacher-forced dense forward of its own tokens. 150 new tokens cross the first
-    128-position block: the decode kernel reads whole-block tiles from two blocks per sequence."""
+    checked against a teacher-forced dense forward of its own tokens. With blocks of 128 positions, 150 new
+    tokens cross the first block: the decode kernel reads whole-block tiles from two blocks per sequence."""
     model = load_model(wide_folder, dtype=torch.bfloat16, device="cuda")
     for enforce_eager in (True, False):
-        engine = cuda_engine(wide_folder, dtype=torch.bfloat16, enforce_eager=enforce_eager)
+        engine = cuda_engine(wide_folder, dtype=torch.bfloat16, enforce_eager=enforce_eager, block_size=128)
         results = engine.generate(requests_for(40, max_new_tokens=150))
         assert (engine.runner.graphs is None) == enforce_eager
         if not enforce_eager:
