@@ -160,58 +160,48 @@ def time_us(function, repeats=20) -> float:
     return graph_replay_ms(launch) / repeats * 1e3
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="fewer variants in every case (else only after the first)")
-    parser.add_argument("--first-case-only", action="store_true", help="0.5B, contexts 640-1536 only")
-    options = parser.parse_args()
-    shapes = {"0.5b": (14, 2, 64), "1.5b": (12, 2, 128)}
-    contexts = [(640, 1536), (1088, 1088)]
+def variants_for(block_size: int, quick: bool) -> list[tuple[str, dict]]:
+    """(kind, launch configuration) pairs to time at this block size; whole-block kinds need blocks >= 64."""
+    variants = [("engine", dict(warps=4, stages=3))]
+    if block_size >= 64:
+        for kind, warps, stages in itertools.product(("blocked", "tma"), (4, 8), (2, 3, 4)):
+            if not quick or (warps, stages) in ((4, 3), (4, 4), (8, 3)):
+                variants.append((kind, dict(warps=warps, stages=stages)))
+        variants.append(("masked", dict(warps=4, stages=3)))  # blocked, values masked past the length
+        variants.append(("read", dict(warps=4, stages=3)))
+    return variants
+
+
+def time_case(case, block_size: int, layout: str, quick: bool) -> list[tuple]:
+    """(block size, layout, kind, configuration, us, relative error) of every variant on one case, printed."""
+    query, key_cache, value_cache, tables, lengths, order = case
+    kv_bytes = 2 * int(lengths.sum()) * key_cache.shape[2] * key_cache.shape[3] * 2
+    reference = reference_attention(*case[:5])
     rows = []
-    for (name, (heads, kv_heads, dim)), (low, high) in itertools.product(shapes.items(), contexts):
-        if (name == "1.5b" and low == high) or (options.first_case_only and rows):
+    for kind, config in variants_for(block_size, quick):
+        if kind == "engine":
+            run = lambda: paged_decode_attention(query, key_cache, value_cache, tables, lengths,
+                                                 num_warps=config["warps"], num_stages=config["stages"],
+                                                 row_order=order)
+        else:
+            run = lambda: blocked_attention(query, key_cache, value_cache, tables, lengths, order, layout=layout,
+                                            use_tma=kind in ("tma", "read"), read_only=kind == "read",
+                                            mask_values=kind == "masked", **config)
+        label = f"  block {block_size:3d} {layout:5s} {kind:7s} w{config['warps']} s{config['stages']}"
+        try:
+            output = run()
+            error = float("nan") if kind == "read" else ((output.float() - reference).norm() / reference.norm()).item()
+            microseconds = time_us(run)
+        except Exception as exception:  # a configuration the compiler rejects: report, go on
+            print(f"{label}: {type(exception).__name__}: {str(exception)[:160]}", flush=True)
             continue
-        print(f"== {name}, 256 sequences, contexts {low}-{high}", flush=True)
-        quick = options.quick or bool(rows)
-        for block_size, layout in itertools.product((16, 64, 128), ("token", "head")):
-            if block_size == 128 and dim == 128 and quick:
-                continue
-            case = make_case(heads, kv_heads, dim, 256, low, high, block_size, layout, seed=block_size)
-            query, key_cache, value_cache, tables, lengths, order = case
-            kv_bytes = 2 * int(lengths.sum()) * kv_heads * dim * 2
-            reference = reference_attention(*case[:5])
-            variants = [("engine", dict(warps=4, stages=3))]
-            if block_size >= 64:
-                for kind, warps, stages in itertools.product(("blocked", "tma"), (4, 8), (2, 3, 4)):
-                    if quick and (warps, stages) not in ((4, 3), (4, 4), (8, 3)):
-                        continue
-                    variants.append((kind, dict(warps=warps, stages=stages)))
-                variants.append(("masked", dict(warps=4, stages=3)))  # blocked, values masked past the length
-                variants.append(("read", dict(warps=4, stages=3)))
-            for kind, config in variants:
-                if kind == "engine":
-                    run = lambda: paged_decode_attention(query, key_cache, value_cache, tables, lengths,
-                                                         num_warps=config["warps"], num_stages=config["stages"],
-                                                         row_order=order)
-                else:
-                    run = lambda: blocked_attention(query, key_cache, value_cache, tables, lengths, order,
-                                                    layout=layout, use_tma=kind in ("tma", "read"),
-                                                    read_only=kind == "read", mask_values=kind == "masked", **config)
-                try:
-                    output = run()
-                    error = float("nan") if kind == "read" else (
-                        (output.float() - reference).norm() / reference.norm()).item()
-                    microseconds = time_us(run)
-                except Exception as exception:  # a configuration the compiler rejects: report, go on
-                    print(f"  block {block_size:3d} {layout:5s} {kind:7s} {config}: {type(exception).__name__}: "
-                          f"{str(exception)[:160]}", flush=True)
-                    continue
-                rows.append((name, low, high, block_size, layout, kind, config, microseconds, error))
-                print(f"  block {block_size:3d} {layout:5s} {kind:7s} w{config['warps']} s{config['stages']}: "
-                      f"{microseconds:6.1f} us {kv_bytes / microseconds / 1e6:5.2f} TB/s rel.err {error:.1e}",
-                      flush=True)
-            del case, query, key_cache, value_cache, reference
-            torch.cuda.empty_cache()
+        rows.append((block_size, layout, kind, config, microseconds, error))
+        print(f"{label}: {microseconds:6.1f} us {kv_bytes / microseconds / 1e6:5.2f} TB/s rel.err {error:.1e}",
+              flush=True)
+    return rows
+
+
+def print_summary(results: dict) -> None:
     print("\ncompiled kernels:")
     for key, report in KERNEL_REPORTS.items():
         print(f"  blocked (block, layout, tma, read, masked, warps, stages) {key}: {report}")
@@ -222,11 +212,31 @@ def main() -> None:
     except Exception as exception:
         print(f"  engine kernel report unavailable: {type(exception).__name__}: {exception}")
     print("\nbest per case (attention variants):")
-    for key, group in itertools.groupby(rows, key=lambda row: row[:3]):
-        group = [row for row in group if row[5] != "read"]
-        for row in sorted(group, key=lambda row: row[7])[:5]:
-            print(f"  {key[0]} {key[1]}-{key[2]}: block {row[3]} {row[4]} {row[5]} {row[6]} {row[7]:.1f} us "
-                  f"err {row[8]:.1e}")
+    for case_name, rows in results.items():
+        for row in sorted([row for row in rows if row[2] != "read"], key=lambda row: row[4])[:5]:
+            print(f"  {case_name}: block {row[0]} {row[1]} {row[2]} {row[3]} {row[4]:.1f} us err {row[5]:.1e}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer variants in every case (else only after the first)")
+    parser.add_argument("--first-case-only", action="store_true", help="0.5B, contexts 640-1536 only")
+    options = parser.parse_args()
+    shapes = {"0.5b": (14, 2, 64), "1.5b": (12, 2, 128)}
+    results: dict[str, list[tuple]] = {}
+    for (name, (heads, kv_heads, dim)), (low, high) in itertools.product(shapes.items(), [(640, 1536), (1088, 1088)]):
+        if (name == "1.5b" and low == high) or (options.first_case_only and results):
+            continue
+        print(f"== {name}, 256 sequences, contexts {low}-{high}", flush=True)
+        quick = options.quick or bool(results)
+        rows = results.setdefault(f"{name} {low}-{high}", [])
+        for block_size, layout in itertools.product((16, 64, 128), ("token", "head")):
+            if not (block_size == 128 and dim == 128 and quick):
+                case = make_case(heads, kv_heads, dim, 256, low, high, block_size, layout, seed=block_size)
+                rows += time_case(case, block_size, layout, quick)
+                del case
+                torch.cuda.empty_cache()
+    print_summary(results)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rows", type=int, default=45, help="kernels listed")
     parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument("--block-size", type=int, default=16, help="KV-cache block size in positions")
+    parser.add_argument("--block-size", type=int, default=EngineConfig.block_size, help="KV-cache block size")
     options = parser.parse_args()
     model = random_model(qwen2_config(options.model), torch.bfloat16, "cuda")
     engine = LLMEngine(model, EngineConfig(device="cuda", max_num_seqs=options.batch, gpu_memory_utilization=0.6,

@@ -204,7 +204,7 @@ def run_engine_benchmark(model: str | Path | TransformerConfig = "qwen2.5-0.5b",
                          bandwidth: float = H200_BANDWIDTH, max_num_seqs: int = 256,
                          max_num_batched_tokens: int = 8192, gpu_memory_utilization: float = 0.8,
                          enforce_eager: bool = False, transformers_batch_size: int | None = None,
-                         seed: int = 0, block_size: int = 16) -> dict:
+                         seed: int = 0, block_size: int = EngineConfig.block_size) -> dict:
     """Runs the workload on our engine (and on transformers when asked); prints a table, returns the numbers.
 
     `model`: an HF folder, a Qwen2.5 size name ("qwen2.5-0.5b", "qwen2.5-1.5b") or a TransformerConfig
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--block-size", type=int, default=16, help="KV-cache block size in positions")
+    parser.add_argument("--block-size", type=int, default=EngineConfig.block_size, help="KV-cache block size")
     parser.add_argument("--output", type=Path, default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
     result = run_engine_benchmark(

@@ -49,8 +49,8 @@ logger = logging.getLogger(__name__)
 
 def load_cuda_kernels() -> tuple[DecodeKernel, FusedSampleKernel]:
     # Imported here, not at the top: triton ships with CUDA installs only.
-    from asyncrl.engine import triton_kernels
-    return triton_kernels.paged_decode_attention, triton_kernels.fused_sample
+    from asyncrl.engine import triton_kernels, triton_sampler
+    return triton_kernels.paged_decode_attention, triton_sampler.fused_sample
 
 
 class ModelRunner:

@@ -143,7 +143,7 @@ def test_paged_decode_row_order_changes_only_which_programs_start_first(num_spli
 @pytest.mark.parametrize("num_splits, dtype", [(1, torch.float32), (3, torch.float32), (8, torch.bfloat16)])
 def test_fused_sample_matches_the_torch_sampler(num_splits, dtype):
     """Any vocabulary split gives the torch sampler's tokens; bf16 logits sample as their fp32 widening."""
-    from asyncrl.engine.triton_kernels import fused_sample
+    from asyncrl.engine.triton_sampler import fused_sample
 
     generator = torch.Generator().manual_seed(1)
     logits = (3 * torch.randn((6, 3000), generator=generator)).to(DEVICE).to(dtype).float()
@@ -163,7 +163,7 @@ def test_fused_sample_matches_the_torch_sampler(num_splits, dtype):
 def test_fused_sample_picks_the_reference_token_on_many_rows():
     """The kernel's ratio form of the Gumbel race (one logarithm per logit) selects the reference's token on
     every one of 200 rows with mixed temperatures, including greedy rows whose best logit is tied."""
-    from asyncrl.engine.triton_kernels import fused_sample
+    from asyncrl.engine.triton_sampler import fused_sample
 
     generator = torch.Generator().manual_seed(3)
     logits = (4 * torch.randn((200, 1000), generator=generator)).to(DEVICE)
@@ -184,7 +184,8 @@ def test_engine_with_the_cuda_kernels_matches_the_torch_path(tiny_folder):
     """The CUDA dispatch (dense prefill, Triton decode, fused sampler) run on this device, against the torch
     path of the same engine configuration."""
     from asyncrl.engine.sampler import Sampler
-    from asyncrl.engine.triton_kernels import fused_sample, paged_decode_attention
+    from asyncrl.engine.triton_kernels import paged_decode_attention
+    from asyncrl.engine.triton_sampler import fused_sample
 
     from .helpers import make_engine, request
 
@@ -205,7 +206,8 @@ def test_decode_graph_buffers_padding_and_buckets_with_eager_replay(tiny_folder)
     """`DecodeGraphs` with each CUDA graph replaced by an eager rerun of its static forward: checks the
     static buffers, the sink-block padding, bucket choice and per-bucket context splits on this device."""
     from asyncrl.engine.sampler import Sampler
-    from asyncrl.engine.triton_kernels import fused_sample, paged_decode_attention
+    from asyncrl.engine.triton_kernels import paged_decode_attention
+    from asyncrl.engine.triton_sampler import fused_sample
 
     from .helpers import EagerDecodeGraphs, make_engine, request
 
