@@ -18,7 +18,9 @@ rho = exp(clamp(log_probs - old_log_probs, -20, 20)) is the per-token ratio. Whe
 every loss multiplies its per-token loss by it before aggregation. The loss configuration is passed with each
 call, never read from a shared config, so what the trainer asks for is what runs.
 
-Metrics (plain floats): ``pg_loss``, ``pg_clipfrac`` (fraction of valid tokens where the ratio clip is active),
+Metrics (detached 0-dim tensors on the inputs' device, or Python floats for a term a loss does not have; a
+trainer sums them on the device, and ``masked.metrics_to_floats`` turns them into floats with one copy, so a
+loss call never makes the host wait for the GPU): ``pg_loss``, ``pg_clipfrac`` (fraction of valid tokens where the ratio clip is active),
 ``pg_clipfrac_lower`` (dual clip active), ``ppo_kl`` (masked mean of old - new log-prob); clip_cov and kl_cov
 add ``pg_covfrac`` (fraction of valid tokens selected by the covariance rule).
 """
@@ -27,7 +29,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.algos.aggregation import aggregate_loss
-from asyncrl.algos.masked import as_bool_mask, fill_invalid, masked_mean, metrics_to_floats
+from asyncrl.algos.masked import as_bool_mask, fill_invalid, masked_mean
 from asyncrl.algos.registry import Registry
 
 _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: large enough never to matter, small enough never to overflow float32
@@ -54,13 +56,13 @@ def _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high):
 
 
 def _finish(per_token_loss, valid, rollout_is_weights, loss_agg_mode, num_tokens, num_seqs, norm_length, metrics):
-    """Applies the rollout IS weights, aggregates, and converts the metrics to floats."""
+    """Applies the rollout IS weights and aggregates; the metrics stay tensors (see the module docstring)."""
     if rollout_is_weights is not None:
         per_token_loss = per_token_loss * fill_invalid(rollout_is_weights.detach(), valid)
     loss = aggregate_loss(
         per_token_loss, valid, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length
     )
-    return loss, metrics_to_floats({"pg_loss": loss.detach(), **metrics})
+    return loss, {"pg_loss": loss.detach(), **metrics}
 
 
 def _base_metrics(valid, log_ratio, is_clipped=None, is_dual_clipped=None) -> dict[str, Tensor | float]:

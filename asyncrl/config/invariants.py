@@ -13,12 +13,16 @@ GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_ba
 ADVANTAGE_ESTIMATORS = GROUP_ESTIMATORS | {"gae", "reinforce_plus_plus", "remax"}
 KL_TYPES = frozenset({"k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"})
 LOGGERS = frozenset({"console", "jsonl", "tensorboard", "wandb", "mlflow"})
+# Policy losses with no host synchronisation or random choice, so a CUDA graph can replay them (clip_cov and
+# kl_cov select a data-dependent number of tokens).
+CAPTURABLE_LOSS_MODES = ("vanilla", "gspo", "cispo", "reinforce")
 
 
 def check_invariants(config: AsyncRLConfig) -> None:
     check_batch_sizes(config)
     check_algorithm(config)
     check_async(config)
+    check_cuda_graphs(config)
     check_length_distribution(config.rollout.length_distribution)
     unknown_loggers = sorted(set(config.trainer.logger) - LOGGERS)
     if unknown_loggers:
@@ -82,6 +86,27 @@ def check_async(config: AsyncRLConfig) -> None:
         raise ConfigError(
             f"async_training.partial_rollout / staleness_threshold only apply to trainer.mode=fully_async, "
             f"got trainer.mode={config.trainer.mode}")
+
+
+def check_cuda_graphs(config: AsyncRLConfig) -> None:
+    """actor.cuda_graphs replays a fixed, capturable step on one rank: what it cannot replay fails here."""
+    if not config.actor.cuda_graphs:
+        return
+    world_size = config.trainer.n_gpus_per_node * config.trainer.nnodes
+    if world_size > 1:
+        raise ConfigError(f"actor.cuda_graphs needs one trainer rank (it replaces FSDP with fixed-address weight "
+                          f"copies), got trainer.n_gpus_per_node x trainer.nnodes = {world_size}")
+    loss_mode = config.actor.policy_loss.loss_mode
+    if loss_mode not in CAPTURABLE_LOSS_MODES:
+        raise ConfigError(f"actor.cuda_graphs: actor.policy_loss.loss_mode={loss_mode} selects a data-dependent "
+                          f"number of tokens, which a CUDA graph cannot replay; use one of {CAPTURABLE_LOSS_MODES}")
+    correction = config.algorithm.rollout_correction
+    if correction.bypass_mode and (correction.rollout_is is not None or correction.rollout_rs is not None):
+        raise ConfigError("actor.cuda_graphs: the bypass-mode correction of algorithm.rollout_correction "
+                          "(rollout_is / rollout_rs) runs per micro-batch with host-side checks a CUDA graph cannot "
+                          "replay; turn one of them off")
+    if config.model.gradient_checkpointing:
+        raise ConfigError("actor.cuda_graphs does not recompute activations: set model.gradient_checkpointing=false")
 
 
 def check_length_distribution(text: str) -> None:

@@ -126,6 +126,9 @@ class ActorConfig:
     kl_loss_coef: float = option(0.001, "coefficient of the KL loss", ge=0.0)
     kl_loss_type: str = option("low_var_kl", "KL estimator of the loss: k1, abs, k2, k3 (low_var_kl), or a '+' form")
     grad_clip: float = option(1.0, "global gradient-norm clip; <= 0 disables")
+    cuda_graphs: bool = option(
+        False, "one trainer rank: each update micro-batch packed at a fixed capacity and replayed from a CUDA "
+               "graph (no FSDP; bf16 copies of the fp32 masters); on CPU the same packed step, run eagerly")
     optim: OptimConfig = section(OptimConfig, "actor optimizer")
 
 

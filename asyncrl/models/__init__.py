@@ -7,8 +7,8 @@
     logits = model.compute_logits(hidden)       # (B, T, V) fp32
 """
 
-from asyncrl.models.attention import (AttentionBackend, PackedCausalAttention, avoid_per_shape_attention_plans,
-                                     causal_attention)
+from asyncrl.models.attention import (AttentionBackend, FixedCapacityPackedAttention, PackedCausalAttention,
+                                     avoid_per_shape_attention_plans, causal_attention)
 from asyncrl.models.checkpoint_io import (
     check_model_folder,
     copy_tokenizer_files,
@@ -37,6 +37,7 @@ __all__ = [
     "CHAT_TEMPLATE",
     "CausalLM",
     "FAMILIES",
+    "FixedCapacityPackedAttention",
     "PackedCausalAttention",
     "TransformerConfig",
     "TransformerModel",

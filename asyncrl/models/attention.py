@@ -114,6 +114,36 @@ class PackedCausalAttention:
         return output.squeeze(0).transpose(0, 1)
 
 
+class FixedCapacityPackedAttention:
+    """`AttentionBackend` for a trainer micro-batch packed into a fixed number of tokens (the static shapes a
+    CUDA-graph step needs): sequences back to back, each from position 0, the unused tail one more sequence
+    of its own. `starts` (S + 1,) int32 holds the cumulative lengths on the tokens' device and may repeat a
+    value (empty sequences pad it to a fixed count); `max_length` bounds the longest sequence (the capacity).
+    Neither is read on the host, so the step never waits for the device.
+
+    CUDA in bf16/fp16: flash attention's variable-length kernel (differentiable). Otherwise SDPA with a
+    block-diagonal causal mask built from the positions (a token at position 0 starts a sequence): O(N^2)
+    memory, for CPU runs and tests."""
+
+    def __init__(self, starts: Tensor, positions: Tensor, max_length: int) -> None:
+        self.starts = starts
+        self.positions = positions
+        self.max_length = max_length
+        self._mask: Tensor | None = None  # (N, N), built on first use and shared by all layers
+
+    def attend(self, layer_index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
+            return varlen_causal_attention(query, key, value, self.starts, self.max_length)
+        if self._mask is None:
+            sequence_ids = torch.cumsum(self.positions == 0, dim=0)  # (N,)
+            self._mask = (sequence_ids[:, None] == sequence_ids[None, :]).tril()
+        output = F.scaled_dot_product_attention(
+            query.transpose(0, 1).unsqueeze(0), key.transpose(0, 1).unsqueeze(0), value.transpose(0, 1).unsqueeze(0),
+            attn_mask=self._mask, enable_gqa=query.shape[1] != key.shape[1],
+        )  # (1, Hq, N, D)
+        return output.squeeze(0).transpose(0, 1)
+
+
 class SelfAttention(nn.Module):
     """q/k/v projections, optional per-head q/k RMSNorm (Qwen3), RoPE, attention kernel, o_proj.
 

@@ -13,10 +13,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from asyncrl.models import CausalLM, ValueModel
+from asyncrl.models import CausalLM, FixedCapacityPackedAttention, ValueModel
 from asyncrl.train.batch import TrainBatch, move_tensor
 from asyncrl.train.lm_head import token_log_probs_and_entropy
 from asyncrl.train.micro_batches import micro_batches, scatter_rows
+from asyncrl.train.packed_batch import PackedMicroBatch, scatter_to_grid
 
 
 def dense_positions(input_ids: Tensor) -> Tensor:
@@ -58,6 +59,18 @@ def response_log_probs(model: CausalLM, batch: TrainBatch, temperature: float, w
     if token_entropy is None:
         return log_probs, None
     return log_probs, token_entropy.new_zeros(shape).index_put((rows, columns), token_entropy)
+
+
+def packed_response_log_probs(model: CausalLM, packed: PackedMicroBatch,
+                              temperature: float) -> tuple[Tensor, Tensor]:
+    """log-probs and entropies (rows, R) of a fixed-capacity packed micro-batch (`packed_batch.py`), 0 where no
+    token trains: the values `response_log_probs` gives for the same rows, from static shapes only."""
+    attention = FixedCapacityPackedAttention(packed.starts, packed.positions, max_length=packed.num_tokens)
+    hidden = model(packed.input_ids, packed.positions, attention=attention)  # (N, H)
+    token_log_probs, token_entropy = token_log_probs_and_entropy(
+        hidden[packed.predictor_index], model.lm_head.weight, packed.target_ids, temperature, with_entropy=True,
+        compiled=model.is_compiled)  # (M,) each
+    return scatter_to_grid(token_log_probs, packed), scatter_to_grid(token_entropy, packed)
 
 
 def response_values(model: ValueModel, batch: TrainBatch) -> Tensor:

@@ -25,6 +25,7 @@ from asyncrl.models import (CausalLM, avoid_per_shape_attention_plans, compile_d
 from asyncrl.train.actor import PolicyTrainer
 from asyncrl.train.batch import TrainBatch
 from asyncrl.train.checkpoint import Component, load_trainer_state, save_trainer_state
+from asyncrl.train.compute_weights import ComputeWeights
 from asyncrl.train.critic import CriticTrainer
 from asyncrl.train.forward import batched_log_probs
 from asyncrl.train.optim import build_optimizer, build_scheduler
@@ -65,10 +66,14 @@ class TrainerWorker:
         self.persistent_sync_tensors: Optional[list[tuple[str, Tensor]]] = None
 
     def build_actor(self, total_steps: int) -> PolicyTrainer:
-        model = self.load(self.config.model.path, "causal_lm")
+        # actor.cuda_graphs (one rank, checked with the config): no FSDP, whose gathered copies move every step;
+        # fixed-address compute copies instead, so the update's micro-batch step can be replayed from graphs.
+        graphed = self.config.actor.cuda_graphs
+        model = self.load(self.config.model.path, "causal_lm", shard=not graphed)
         optimizer = build_optimizer(model, self.config.actor.optim)
         return PolicyTrainer(model, optimizer, build_scheduler(optimizer, self.config.actor.optim, total_steps),
-                             self.device, self.config.trainer.max_consecutive_nonfinite)
+                             self.device, self.config.trainer.max_consecutive_nonfinite,
+                             compute_weights=ComputeWeights(model, self.param_dtype) if graphed else None)
 
     def build_reference(self) -> CausalLM:
         model = self.load(self.config.model.path, "causal_lm")
@@ -81,13 +86,14 @@ class TrainerWorker:
         return CriticTrainer(model, optimizer, build_scheduler(optimizer, self.config.critic.optim, total_steps),
                              self.device, self.config.trainer.max_consecutive_nonfinite)
 
-    def load(self, folder: str, kind: str) -> torch.nn.Module:
-        # Master weights stay fp32; FSDP's mixed-precision policy casts them to the compute dtype.
+    def load(self, folder: str, kind: str, shard: bool = True) -> torch.nn.Module:
+        # Master weights stay fp32; FSDP's mixed-precision policy (or `ComputeWeights`) casts them to the compute
+        # dtype.
         model = load_model(folder, dtype=torch.float32, device=self.device, kind=kind)
         model.set_gradient_checkpointing(self.config.model.gradient_checkpointing)
         if self.config.model.compile and self.device.type == "cuda":
             compile_decoder_layers(model)
-        return shard_model(model, self.mesh, self.param_dtype)
+        return shard_model(model, self.mesh, self.param_dtype) if shard else model
 
     # ---- stages ---------------------------------------------------------------------------------------
     def compute_log_prob(self, batch: TrainBatch) -> tuple[Tensor, Tensor]:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from asyncrl.algos import LOSS_AGG_MODES, POLICY_LOSSES
+from asyncrl.algos.masked import metrics_to_floats
 
 from .helpers import append_padding, fill_padding, reference_aggregate, valid_positions
 
@@ -260,7 +261,15 @@ def test_padding_never_changes_a_result(name, mode):
     (padded_gradient,) = torch.autograd.grad(padded_loss, padded_log_probs)
     assert math.isfinite(loss.item()) and torch.isfinite(gradient).all()
     torch.testing.assert_close(padded_loss, loss)
-    assert padded_metrics == pytest.approx(metrics)
+    assert metrics_to_floats(padded_metrics) == pytest.approx(metrics_to_floats(metrics))
     torch.testing.assert_close(padded_gradient[:, :6], gradient)
     assert (padded_gradient[:, 6:] == 0).all() and (gradient[MASK == 0] == 0).all()
     assert gradient.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+def test_metrics_stay_tensors_so_a_loss_call_never_waits_for_the_device(name):
+    log_probs, old_log_probs, advantages, weights = make_inputs()
+    _, metrics = POLICY_LOSSES[name](log_probs, old_log_probs, advantages, MASK, **full_keywords())
+    assert isinstance(metrics["pg_loss"], torch.Tensor) and isinstance(metrics["ppo_kl"], torch.Tensor)
+    assert not metrics["pg_loss"].requires_grad

@@ -1,0 +1,71 @@
+"""Compute-dtype copies of a model's fp32 master weights that never move: mixed precision without FSDP.
+
+    weights = ComputeWeights(model, torch.bfloat16)
+    weights.refresh()                              # copies := masters (after every write to the masters)
+    with weights.applied():                        # the model's parameters are the copies while inside
+        loss = ...
+    weights.accumulate(torch.autograd.grad(loss, weights.trainable))   # master.grad += grad, in fp32
+
+Why. A CUDA graph replays kernels on the addresses it captured. FSDP gathers its compute-dtype copies into
+fresh memory at every step, so a trainer rank that replays its micro-batch step from a graph (one rank,
+`actor.cuda_graphs`) keeps its own copies instead, at fixed addresses, refreshed in place. The numbers are
+FSDP's on one rank: forward and backward in the compute dtype, gradients summed in fp32 on the masters.
+
+The masters' `.grad` tensors are allocated once and zeroed in place (`zero_grads`), never set to None: a
+captured step adds into them at fixed addresses too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+
+class ComputeWeights:
+    def __init__(self, model: nn.Module, dtype: Optional[torch.dtype]) -> None:
+        self.masters = list(model.parameters())  # unique: a tied LM head is the embedding's Parameter
+        with torch.no_grad():
+            self.copies = [master.detach().to(dtype or master.dtype, copy=True).requires_grad_(master.requires_grad)
+                           for master in self.masters]
+        copy_of = {id(master): copy for master, copy in zip(self.masters, self.copies)}
+        # Every (module, name) slot holding a master, tied slots included, with the copy that replaces it.
+        self.slots = [(module, name, parameter, copy_of[id(parameter)]) for module in model.modules()
+                      for name, parameter in module._parameters.items() if parameter is not None]
+        self.trainable = [copy for copy in self.copies if copy.requires_grad]
+        self.trainable_masters = [master for master in self.masters if master.requires_grad]
+        self.zero_grads()
+
+    def refresh(self) -> None:
+        """Copies := masters (rounded to the compute dtype), in place."""
+        with torch.no_grad():
+            torch._foreach_copy_(self.copies, [master.detach() for master in self.masters])
+
+    @contextmanager
+    def applied(self) -> Iterator[None]:
+        """The model's parameter slots hold the copies inside the block, the masters again after it."""
+        for module, name, _, copy in self.slots:
+            module._parameters[name] = copy
+        try:
+            yield
+        finally:
+            for module, name, master, _ in self.slots:
+                module._parameters[name] = master
+
+    def accumulate(self, gradients: Sequence[Optional[Tensor]]) -> None:
+        """master.grad += gradient (of the copy in `trainable` order), summed in fp32; None adds nothing."""
+        pairs = [(master.grad, gradient) for master, gradient in zip(self.trainable_masters, gradients)
+                 if gradient is not None]
+        if pairs:
+            # Mixed dtypes: each add reads the compute-dtype gradient and sums in fp32, no fp32 copy of it.
+            torch._foreach_add_([grad for grad, _ in pairs], [gradient for _, gradient in pairs])
+
+    def zero_grads(self) -> None:
+        """Allocates the masters' gradients where missing, and zeroes them in place."""
+        for master in self.trainable_masters:
+            if master.grad is None:
+                master.grad = torch.zeros_like(master)
+        torch._foreach_zero_([master.grad for master in self.trainable_masters])

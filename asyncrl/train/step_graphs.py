@@ -1,0 +1,72 @@
+"""A trainer micro-batch step replayed from CUDA graphs, one graph per capacity of its static inputs.
+
+    graphs = StepGraphs(step, device, capture=device.type == "cuda")
+    outputs = graphs.run(key, packed, spec)   # packed: a PackedMicroBatch of the key's capacity, on the host;
+                                              # spec: constants baked into the graph, so part of the key
+
+Why. A 0.5B model's 4,096-token micro-batch is ~3,500 kernels forward and backward; queuing them from Python
+(autograd, compiled-graph wrappers, hooks) took longer than the GPU took to run them, so the update was
+host-bound at ~15% MFU. A replayed graph queues them all in one call.
+
+The first micro-batch of a key runs `step` eagerly (it is that micro-batch's real work, and it warms up
+compilation, autotuning and cuBLAS workspaces) and then captures it; capture runs nothing, so no gradient is
+added twice. Later micro-batches of the key copy their inputs into the captured buffers and replay. All graphs
+share one memory pool: they never run concurrently. The outputs of a replay are the graph's own tensors, which
+the next replay of any graph overwrites: read them (queue work on them) before the next `run`. Without
+`capture` (CPU) every call runs `step` on the buffers, the same code path minus the graph.
+
+`step` must be capturable: no host synchronisation (`.item()`, `nonzero`, a Python branch on a tensor), no
+host-to-device copy of pageable memory, the same shapes and Python values every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+from typing import Generic, TypeVar
+
+import torch
+
+from asyncrl.train.packed_batch import PackedMicroBatch
+
+Outputs = TypeVar("Outputs")
+
+
+class StepGraphs(Generic[Outputs]):
+    def __init__(self, step: Callable[..., Outputs], device: torch.device, capture: bool) -> None:
+        self.step = step
+        self.device = device
+        self.capture = capture
+        self.buffers: dict[Hashable, PackedMicroBatch] = {}
+        self.graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Outputs]] = {}
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self.graphs)
+
+    def run(self, key: Hashable, packed: PackedMicroBatch, *constants: Any) -> Outputs:
+        buffers = self.buffers.get(key)
+        if buffers is None:
+            buffers = self.buffers[key] = packed.to(self.device)
+        else:
+            buffers.copy_(packed)
+        if not self.capture:
+            return self.step(buffers, *constants)
+        if key in self.graphs:
+            graph, outputs = self.graphs[key]
+            graph.replay()
+            return outputs
+        # This micro-batch's real work, and the warm-up, on a side stream as capture wants (work queued lazily
+        # on the capturing stream, such as a library's first-use setup, would otherwise end up in the graph).
+        main = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            outputs = self.step(buffers, *constants)
+        main.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            captured = self.step(buffers, *constants)
+        self.graphs[key] = (graph, captured)
+        return outputs
