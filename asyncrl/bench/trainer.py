@@ -52,6 +52,7 @@ class TrainerBench:
     num_updates: int = 3
     device: str = "cuda"
     world_size: int = 1
+    cuda_graphs: bool = False          # actor.cuda_graphs: the micro-batch step replayed from CUDA graphs
 
     def __post_init__(self) -> None:
         if self.micro_tokens < self.seq_len:
@@ -98,14 +99,16 @@ def bench_config(folder: str | Path, bench: TrainerBench) -> AsyncRLConfig:
         "algorithm.adv_estimator=reinforce_plus_plus", f"data.train_batch_size={bench.num_rows}",
         f"actor.ppo_mini_batch_size={bench.num_rows}", "actor.use_dynamic_bsz=true",
         f"actor.ppo_max_token_len_per_gpu={bench.micro_tokens}", f"data.max_response_length={bench.seq_len}",
-        "actor.optim.lr=1e-6"])
+        "actor.optim.lr=1e-6", f"actor.cuda_graphs={str(bench.cuda_graphs).lower()}"])
 
 
 def update_setup(model: str, micro_tokens: int, seq_len: int, num_micro_batches: int, gradient_checkpointing: bool,
-                 device: str, total_steps: int) -> tuple[TrainerWorker, TrainBatch, PolicyUpdateSpec]:
+                 device: str, total_steps: int,
+                 cuda_graphs: bool = False) -> tuple[TrainerWorker, TrainBatch, PolicyUpdateSpec]:
     """One trainer rank on a random-weight model and a synthetic batch of `num_micro_batches` micro-batches of
     `micro_tokens` tokens (rows of `seq_len`), with the update spec `update_actor` takes."""
-    bench = TrainerBench(model, micro_tokens, seq_len, num_micro_batches, gradient_checkpointing, device=device)
+    bench = TrainerBench(model, micro_tokens, seq_len, num_micro_batches, gradient_checkpointing, device=device,
+                         cuda_graphs=cuda_graphs)
     config = bench_config(write_random_model(model, Path(tempfile.mkdtemp()) / model), bench)
     worker = TrainerWorker(config, 0, 1, "127.0.0.1", free_port(), total_training_steps=total_steps)
     batch = synthetic_batch(bench.num_rows, seq_len, qwen2_config(model).vocab_size)
@@ -159,9 +162,9 @@ def measure_rank(rank: int, world_size: int, port: int, folder: str, bench: Trai
 def run_trainer_benchmark(model: str = "qwen2.5-0.5b", micro_tokens: int = 4096, seq_len: int = 1024,
                           num_micro_batches: int = 8, gradient_checkpointing: bool = False, num_updates: int = 3,
                           peak_flops: float = H200_BF16_PEAK_FLOPS, device: str = "cuda",
-                          world_size: int = 1) -> dict:
+                          world_size: int = 1, cuda_graphs: bool = False) -> dict:
     bench = TrainerBench(model, micro_tokens, seq_len, num_micro_batches, gradient_checkpointing, num_updates,
-                         device, world_size)
+                         device, world_size, cuda_graphs)
     folder = str(write_random_model(model, Path(tempfile.mkdtemp()) / model))
     if world_size == 1:
         ranks = [measure_rank(0, 1, free_port(), folder, bench)]  # in this process
@@ -179,7 +182,8 @@ def bench_result(bench: TrainerBench, ranks: list[dict[str, Any]], peak_flops: f
     return {
         "model": bench.model, "world_size": bench.world_size, "micro_tokens": bench.micro_tokens,
         "seq_len": bench.seq_len, "rows": bench.num_rows, "tokens_per_update": num_tokens,
-        "gradient_checkpointing": bench.gradient_checkpointing, "seconds_per_update": seconds,
+        "gradient_checkpointing": bench.gradient_checkpointing, "cuda_graphs": bench.cuda_graphs,
+        "seconds_per_update": seconds,
         "tokens_per_s": num_tokens / seconds, "tflops": flops / seconds / 1e12,
         "mfu": flops / seconds / (peak_flops * bench.world_size),
         "peak_memory_gib": None if None in peaks else max(peaks), "peak_memory_gib_per_rank": peaks,
@@ -201,11 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, default=defaults.world_size,
                         help="trainer ranks, one process and device each (cuda:0..N-1); the global batch stays "
                              "the same, split over them (default 1: in this process)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="actor.cuda_graphs: one rank, each micro-batch step replayed from a CUDA graph")
     parser.add_argument("--output", default=None, help="append the result as one JSON line to this file")
     options = parser.parse_args(argv)
     result = run_trainer_benchmark(options.model, options.micro_tokens, options.seq_len, options.num_micro_batches,
                                    options.gradient_checkpointing, options.num_updates, device=options.device,
-                                   world_size=options.world_size)
+                                   world_size=options.world_size, cuda_graphs=options.cuda_graphs)
     print(json.dumps(result, indent=1))
     if options.output:
         append_result(options.output, result)

@@ -112,8 +112,13 @@ class TransformerModel(nn.Module):
     # The two ends of the engine's forward, outside the layers; `compile_decoder_layers` compiles them, so a
     # decode step's embedding, cos/sin and last norm are three kernels instead of ~20 eager ones.
     def embed(self, input_ids: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Token embeddings (..., hidden) and the rotary cos/sin (..., D) of the positions (int32 or int64)."""
-        hidden = self.embed_tokens(input_ids)
+        """Token embeddings (..., hidden) and the rotary cos/sin (..., D) of the positions (int32 or int64).
+
+        Rows indexed from the weight rather than `nn.Embedding`'s op: the same values, but in eager CUDA the
+        embedding's backward de-duplicates the ids with a host synchronisation above 3,072 of them
+        (pytorch#82886), which a CUDA graph of the trainer's step cannot capture; indexing's backward is an
+        accumulating index_put, with no host round trip."""
+        hidden = self.embed_tokens.weight[input_ids]
         return (hidden, *self.rotary_emb(positions, hidden.dtype))
 
     def final_norm(self, hidden: Tensor, update: Tensor) -> Tensor:

@@ -1,0 +1,182 @@
+"""The fixed-capacity packed update step behind `actor.cuda_graphs`: its layout, its numbers against the dense
+path, the compute copies of the masters, the config checks; on a GPU, graph replays against eager runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from asyncrl.config import ConfigError, load_config
+from asyncrl.models import build_tiny_model, load_model
+from asyncrl.train.compute_weights import ComputeWeights
+from asyncrl.train.forward import dense_positions, packed_response_log_probs, response_log_probs
+from asyncrl.train.packed_batch import PackCapacity, pack_micro_batch
+
+from .helpers import make_batch, run_in_processes, trainer_config
+from .test_trainer_worker import train_shard
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", family="qwen2", seed=3)
+
+
+def holed_batch():
+    """Rows with tokens that do not train: one in the middle of a response, and one row with none at all."""
+    batch = make_batch(seed=5)
+    mask = batch.response_mask.clone()
+    mask[1, 0] = 0.0
+    mask[2] = 0.0
+    return batch.replace(response_mask=mask)
+
+
+def test_packing_keeps_rows_apart_and_lists_every_trained_token_once():
+    micro = holed_batch().select(range(5))
+    lengths = (micro.prompt_lengths + micro.response_lengths).tolist()
+    total = sum(lengths)
+    capacity = PackCapacity.covering(micro, token_budget=None)
+    assert capacity == PackCapacity(tokens=1024, rows=8, response_length=8, trained_tokens=512)
+    assert PackCapacity.covering(micro, token_budget=64).tokens == 64  # the budget, whenever the rows fit in it
+
+    packed = pack_micro_batch(micro, capacity, num_tokens=30.0, num_seqs=5.0)
+    rows_ids = [micro.input_ids[row, :length] for row, length in enumerate(lengths)]
+    assert torch.equal(packed.input_ids[:total], torch.cat(rows_ids)) and (packed.input_ids[total:] == 0).all()
+    # Positions restart at 0 for every row, and for the unused tail, which is a sequence of its own.
+    assert torch.equal(packed.positions, torch.cat([torch.arange(n) for n in lengths + [1024 - total]]))
+    ends = np.cumsum(lengths).tolist()
+    assert packed.starts.tolist() == [0, *ends, 1024, 1024, 1024, 1024] and packed.starts.dtype == torch.int32
+
+    trained = torch.nonzero(micro.response_mask > 0)
+    count = trained.shape[0]
+    rows, columns = trained.unbind(1)
+    targets = micro.response_ids()[rows, columns]
+    assert torch.equal(packed.target_ids[:count], targets) and (packed.target_ids[count:] == 0).all()
+    # The predictor of each trained token is the packed token just before it.
+    assert torch.equal(packed.input_ids[packed.predictor_index[:count] + 1], targets)
+    assert torch.equal(packed.response_index[:count], rows * 8 + columns)
+    assert ((packed.response_index[count:] >= 8 * 8) & (packed.response_index[count:] < 9 * 8)).all()
+    width = micro.max_response_length
+    assert torch.equal(packed.response_mask[:5, :width], micro.response_mask)
+    assert packed.response_mask[5:].sum() == 0 and packed.response_mask[:, width:].sum() == 0
+    assert torch.equal(packed.advantages[:5, :width], micro.advantages)
+    assert packed.counts.tolist() == [30.0, 5.0]
+    with pytest.raises(ValueError, match="does not fit"):
+        pack_micro_batch(micro, PackCapacity(tokens=total - 1, rows=8, response_length=8, trained_tokens=512), 1, 1)
+
+
+def test_packed_log_probs_entropies_and_gradients_equal_the_dense_forward(model_path):
+    model = load_model(model_path, dtype=torch.float32)
+    micro = holed_batch()
+    generator = torch.Generator().manual_seed(0)
+    log_prob_weights = torch.randn(micro.response_mask.shape, generator=generator)
+    entropy_weights = torch.randn(micro.response_mask.shape, generator=generator)
+    parameters = list(model.parameters())
+
+    dense_log_probs, dense_entropy = response_log_probs(model, micro, 0.7, with_entropy=True)
+    dense_loss = (dense_log_probs * log_prob_weights).sum() + (dense_entropy * entropy_weights).sum()
+    dense_gradients = torch.autograd.grad(dense_loss, parameters)
+
+    packed = pack_micro_batch(micro, PackCapacity.covering(micro, token_budget=None), 1.0, 1.0)
+    log_probs, entropy = packed_response_log_probs(model, packed, 0.7)
+    rows, width = micro.response_mask.shape
+    assert log_probs.shape == entropy.shape == (16, 8)
+    assert log_probs[rows:].abs().sum() == 0 and log_probs[:, width:].abs().sum() == 0
+    torch.testing.assert_close(log_probs[:rows, :width], dense_log_probs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy[:rows, :width], dense_entropy, atol=1e-5, rtol=0)
+    assert (log_probs[2] == 0).all() and log_probs[1, 0] == 0  # tokens that do not train
+    loss = (log_probs[:rows, :width] * log_prob_weights).sum() + (entropy[:rows, :width] * entropy_weights).sum()
+    for gradient, dense_gradient in zip(torch.autograd.grad(loss, parameters), dense_gradients):
+        torch.testing.assert_close(gradient, dense_gradient, atol=1e-5, rtol=1e-5)
+
+
+def test_compute_weights_stand_in_for_the_masters_and_sum_their_gradients_in_fp32(model_path):
+    model = load_model(model_path, dtype=torch.float32)  # tied embedding and LM head
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    weights = ComputeWeights(model, torch.bfloat16)
+    masters = dict(model.named_parameters())
+    assert len(weights.copies) == len(masters) and all(copy.dtype == torch.bfloat16 for copy in weights.copies)
+    ids = torch.tensor([[5, 9, 13, 2]])
+    with weights.applied():
+        assert model.lm_head.weight is model.model.embed_tokens.weight  # one copy in both tied slots
+        assert model.lm_head.weight.dtype == torch.bfloat16
+        hidden = model(ids, dense_positions(ids))
+        loss = model.compute_logits(hidden).logsumexp(-1).sum()
+    assert hidden.dtype == torch.bfloat16
+    assert dict(model.named_parameters()) == masters  # the masters are back in every slot
+    gradients = torch.autograd.grad(loss, weights.trainable)
+    grad_pointers = [master.grad.data_ptr() for master in weights.trainable_masters]
+    weights.accumulate(gradients)
+    weights.accumulate(gradients)
+    for master, gradient in zip(weights.trainable_masters, gradients):
+        assert master.grad.dtype == torch.float32
+        assert torch.equal(master.grad, 2 * gradient.float())
+    weights.zero_grads()
+    assert [master.grad.data_ptr() for master in weights.trainable_masters] == grad_pointers
+    assert all((master.grad == 0).all() for master in weights.trainable_masters)
+
+    pointers = [copy.data_ptr() for copy in weights.copies]
+    with torch.no_grad():
+        model.model.norm.weight.add_(0.5)
+    weights.refresh()
+    assert [copy.data_ptr() for copy in weights.copies] == pointers  # in place: a captured graph still sees them
+    copy_of_norm = weights.copies[[name for name, _ in model.named_parameters()].index("model.norm.weight")]
+    assert torch.equal(copy_of_norm, model.model.norm.weight.detach().to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("micro_batching", [(), ("actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=12")],
+                         ids=["rows", "token-budget"])
+def test_one_rank_packed_updates_match_the_fsdp_path_after_three_optimizer_steps(model_path, micro_batching):
+    overrides = ("critic.enable=true", "actor.optim.lr=1e-4", *micro_batching)
+    (reference, _, reference_metrics, _), = run_in_processes(train_shard, 1, model_path, overrides, 1)
+    (packed, _, metrics, _), = run_in_processes(train_shard, 1, model_path, (*overrides, "actor.cuda_graphs=true"), 1)
+    assert max(np.abs(packed[name] - reference[name]).max() for name in reference) <= 1e-6
+    for name in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm"):
+        assert metrics[name] == pytest.approx(reference_metrics[name], abs=1e-6), name
+    initial = {name: tensor.detach().numpy() for name, tensor in load_model(model_path).named_parameters()}
+    assert all(np.abs(packed[name] - initial[name]).max() > 0 for name in initial)  # the steps did move
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("trainer.n_gpus_per_node=2",), r"actor\.cuda_graphs needs one trainer rank"),
+    (("actor.policy_loss.loss_mode=clip_cov",), r"actor\.policy_loss\.loss_mode=clip_cov"),
+    (("algorithm.rollout_correction.rollout_is=token",), r"rollout_is / rollout_rs"),
+    (("model.gradient_checkpointing=true",), r"model\.gradient_checkpointing=false"),
+])
+def test_cuda_graphs_refuses_what_a_graph_cannot_replay_before_any_work(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        trainer_config(tmp_path, "actor.cuda_graphs=true", *overrides)
+    trainer_config(tmp_path, *overrides)  # each is valid without cuda_graphs
+
+
+def cuda_updates(rank, world_size, port, model_path, mode):
+    """Two updates on CUDA in bf16: `replay` (actor.cuda_graphs, steps replayed from graphs), `packed` (the
+    same packed steps run eagerly every time) or `fsdp` (the default path)."""
+    config = load_config(None, [
+        f"model.path={model_path}", "trainer.device=cuda", "model.dtype=bfloat16", "data.train_batch_size=6",
+        "rollout.n=2", "actor.ppo_mini_batch_size=6", "actor.use_dynamic_bsz=true",
+        "actor.ppo_max_token_len_per_gpu=24", "actor.optim.lr=1e-4", "actor.shuffle=false",
+        "data.max_response_length=8", f"actor.cuda_graphs={str(mode != 'fsdp').lower()}"])
+    from asyncrl.train import PolicyUpdateSpec, TrainerWorker
+    worker = TrainerWorker(config, rank, world_size, "127.0.0.1", port, total_training_steps=10)
+    if mode == "packed":
+        worker.actor.step_graphs.capture = False
+    batch = make_batch()
+    spec = PolicyUpdateSpec.from_config(config, batch.num_rows, step=0)
+    metrics = [worker.update_actor(batch, spec) for _ in range(2)]
+    num_graphs = 0 if mode == "fsdp" else worker.actor.step_graphs.num_graphs
+    return worker.policy_state_numpy(), metrics, num_graphs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_replayed_update_steps_equal_the_same_steps_run_eagerly_on_cuda(model_path):
+    (replayed, replayed_metrics, num_graphs), = run_in_processes(cuda_updates, 1, model_path, "replay")
+    (eager, eager_metrics, _), = run_in_processes(cuda_updates, 1, model_path, "packed")
+    (fsdp, fsdp_metrics, _), = run_in_processes(cuda_updates, 1, model_path, "fsdp")
+    assert num_graphs >= 1
+    # Atomic adds (embedding and LM-head gathers' backward) sum in any order: equal up to float rounding.
+    assert max(np.abs(replayed[name] - eager[name]).max() for name in eager) <= 1e-6
+    for replayed_update, eager_update, fsdp_update in zip(replayed_metrics, eager_metrics, fsdp_metrics):
+        for name in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/grad_norm"):
+            assert replayed_update[name] == pytest.approx(eager_update[name], rel=1e-4, abs=1e-6), name
+            assert replayed_update[name] == pytest.approx(fsdp_update[name], rel=2e-2, abs=1e-4), name
