@@ -1,6 +1,6 @@
 """Where an actor update's time goes: host vs GPU, and the top GPU kernels.
 
-    python benchmarks/profile_trainer.py --model qwen2.5-0.5b --micro-tokens 4096 --seq-len 1024
+    python benchmarks/profile_trainer.py --model qwen2.5-0.5b --micro-tokens 4096 --seq-len 1024 [--cuda-graphs]
 Prints the wall time of one `update_actor`, the GPU time of its kernels, and the kernels that take most.
 """
 
@@ -20,11 +20,12 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--num-micro-batches", type=int, default=8)
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--cuda-graphs", action="store_true", help="actor.cuda_graphs: micro-batch steps replayed")
     parser.add_argument("--rows", type=int, default=40, help="kernels to list")
     options = parser.parse_args()
     worker, batch, spec = update_setup(options.model, options.micro_tokens, options.seq_len,
                                        options.num_micro_batches, options.gradient_checkpointing, "cuda",
-                                       total_steps=10)
+                                       total_steps=10, cuda_graphs=options.cuda_graphs)
     worker.update_actor(batch, spec)  # warm-up
     torch.cuda.synchronize()
     started = time.perf_counter()

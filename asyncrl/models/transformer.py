@@ -114,11 +114,15 @@ class TransformerModel(nn.Module):
     def embed(self, input_ids: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Token embeddings (..., hidden) and the rotary cos/sin (..., D) of the positions (int32 or int64).
 
-        Rows indexed from the weight rather than `nn.Embedding`'s op: the same values, but in eager CUDA the
-        embedding's backward de-duplicates the ids with a host synchronisation above 3,072 of them
+        On CUDA, rows indexed from the weight rather than `nn.Embedding`'s op: the same values, but the eager
+        embedding backward de-duplicates the ids with a host synchronisation above 3,072 of them
         (pytorch#82886), which a CUDA graph of the trainer's step cannot capture; indexing's backward is an
-        accumulating index_put, with no host round trip."""
-        hidden = self.embed_tokens.weight[input_ids]
+        accumulating index_put, with no host round trip. On CPU that index_put sums in thread order, while the
+        embedding's backward is deterministic, which bitwise-exact resumes rely on."""
+        if input_ids.is_cuda:
+            hidden = self.embed_tokens.weight[input_ids]
+        else:
+            hidden = self.embed_tokens(input_ids)
         return (hidden, *self.rotary_emb(positions, hidden.dtype))
 
     def final_norm(self, hidden: Tensor, update: Tensor) -> Tensor:

@@ -68,8 +68,8 @@ def packed_response_log_probs(model: CausalLM, packed: PackedMicroBatch,
     attention = FixedCapacityPackedAttention(packed.starts, packed.positions, max_length=packed.num_tokens)
     hidden = model(packed.input_ids, packed.positions, attention=attention)  # (N, H)
     token_log_probs, token_entropy = token_log_probs_and_entropy(
-        hidden.index_select(0, packed.predictor_index), model.lm_head.weight, packed.target_ids, temperature, with_entropy=True,
-        compiled=model.is_compiled)  # (M,) each
+        hidden.index_select(0, packed.predictor_index), model.lm_head.weight, packed.target_ids, temperature,
+        with_entropy=True, compiled=model.is_compiled)  # (M,) each
     return scatter_to_grid(token_log_probs, packed), scatter_to_grid(token_entropy, packed)
 
 

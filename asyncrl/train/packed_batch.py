@@ -56,7 +56,8 @@ class PackCapacity:
         """The smallest rounded capacity that holds `micro`; `token_budget` (the dynamic micro-batch budget,
         None without one) fixes the token count whenever the micro-batch fits in it."""
         total = int((micro.prompt_lengths + micro.response_lengths).sum())
-        tokens = token_budget if token_budget is not None and total <= token_budget else _round_up(total, TOKEN_QUANTUM)
+        fits = token_budget is not None and total <= token_budget
+        tokens = token_budget if fits else _round_up(total, TOKEN_QUANTUM)
         trained = int((micro.response_mask > 0).sum())
         return cls(tokens=tokens, rows=_next_power_of_two(micro.num_rows),
                    response_length=_next_power_of_two(micro.max_response_length),

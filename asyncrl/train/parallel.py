@@ -157,9 +157,11 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
 
 
 def all_reduce_max(value: float, device: torch.device) -> float:
+    """The maximum over all ranks; one rank returns it as it is (no round trip through the device)."""
+    if world_size() == 1:
+        return float(value)
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return float(tensor.item())
 
 

@@ -66,7 +66,13 @@ class StepGraphs(Generic[Outputs]):
             outputs = self.step(buffers, *constants)
         main.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            captured = self.step(buffers, *constants)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                captured = self.step(buffers, *constants)
+        except RuntimeError as error:
+            raise RuntimeError(
+                f"actor.cuda_graphs: capturing the update step of {buffers.num_tokens} packed tokens failed "
+                f"({error}); an operation in it synchronises with the host or is not capturable. Set "
+                f"actor.cuda_graphs=false to train without graphs") from error
         self.graphs[key] = (graph, captured)
         return outputs

@@ -13,7 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 from asyncrl.algos import entropy_from_logits
 from asyncrl.models import CausalLM, init_weights, tiny_config
 from asyncrl.train.forward import dense_positions, response_log_probs
-from asyncrl.train.lm_head import chunk_size_for_budget, token_log_probs_and_entropy
+from asyncrl.train.lm_head import accumulate_matmul, chunk_size_for_budget, token_log_probs_and_entropy
 
 from .helpers import make_batch
 
@@ -229,3 +229,17 @@ def test_compiled_chunks_match_eager_chunks(with_entropy):
     for eager, compiled in zip(run(False), run(True)):
         scale = eager.float().abs().max().item()
         assert (eager.float() - compiled.float()).abs().max().item() <= 1e-2 * max(scale, 1.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_weight_gradient_accumulates_in_place_from_one_float32_output_gemm_on_cuda():
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    left = torch.randn(300, 40, device="cuda", generator=generator).bfloat16()
+    right = torch.randn(40, 24, device="cuda", generator=generator).bfloat16()
+    accumulator = torch.randn(300, 24, device="cuda", generator=generator)
+    expected = accumulator.double() + left.double() @ right.double()
+    pointer = accumulator.data_ptr()
+    accumulate_matmul(accumulator, left, right)
+    assert accumulator.data_ptr() == pointer and accumulator.dtype == torch.float32
+    # Within float32 rounding of the exact sum: the product was never rounded to bf16 (which errs by ~1e-2).
+    torch.testing.assert_close(accumulator.double(), expected, atol=1e-4, rtol=1e-5)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from asyncrl.config import ConfigError, load_config
 from asyncrl.models import build_tiny_model, load_model
+from asyncrl.train import PolicyUpdateSpec, TrainerWorker
 from asyncrl.train.compute_weights import ComputeWeights
 from asyncrl.train.forward import dense_positions, packed_response_log_probs, response_log_probs
 from asyncrl.train.packed_batch import PackCapacity, pack_micro_batch
@@ -157,7 +159,6 @@ def cuda_updates(rank, world_size, port, model_path, mode):
         "rollout.n=2", "actor.ppo_mini_batch_size=6", "actor.use_dynamic_bsz=true",
         "actor.ppo_max_token_len_per_gpu=24", "actor.optim.lr=1e-4", "actor.shuffle=false",
         "data.max_response_length=8", f"actor.cuda_graphs={str(mode != 'fsdp').lower()}"])
-    from asyncrl.train import PolicyUpdateSpec, TrainerWorker
     worker = TrainerWorker(config, rank, world_size, "127.0.0.1", port, total_training_steps=10)
     if mode == "packed":
         worker.actor.step_graphs.capture = False
@@ -180,3 +181,42 @@ def test_replayed_update_steps_equal_the_same_steps_run_eagerly_on_cuda(model_pa
         for name in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/grad_norm"):
             assert replayed_update[name] == pytest.approx(eager_update[name], rel=1e-4, abs=1e-6), name
             assert replayed_update[name] == pytest.approx(fsdp_update[name], rel=2e-2, abs=1e-4), name
+
+
+# Operations that make the host wait for a CUDA device (a value or a data-dependent size read back), which a
+# CUDA graph cannot capture. On the CPU they run without complaint, so the step is checked for them by name.
+SYNCHRONISING_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+                     "repeat_interleave", "item", "equal", "is_nonzero", "allclose"}
+
+
+class OperationLog(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def logged_packed_step(rank, world_size, port, model_path, loss_mode):
+    """The operations one packed step dispatches (forward, loss with entropy bonus and KL loss, backward)."""
+    config = trainer_config(model_path, "actor.cuda_graphs=true", "actor.use_kl_loss=true", "actor.entropy_coeff=0.01",
+                            f"actor.policy_loss.loss_mode={loss_mode}")
+    worker = TrainerWorker(config, rank, world_size, "127.0.0.1", port, total_training_steps=10)
+    micro = holed_batch()
+    micro = micro.replace(ref_log_probs=micro.old_log_probs - 0.1)
+    packed = pack_micro_batch(micro, PackCapacity.covering(micro, token_budget=None), 40.0, 11.0)
+    log = OperationLog()
+    with log:
+        metrics = worker.actor.packed_step(packed, PolicyUpdateSpec.from_config(config, micro.num_rows, step=0))
+    has_gradients = all(bool(master.grad.abs().sum() > 0) for master in worker.actor.compute_weights.trainable_masters)
+    return log.names, sorted(metrics.additive), has_gradients
+
+
+@pytest.mark.parametrize("loss_mode", ["vanilla", "gspo", "cispo"])
+def test_the_packed_step_runs_no_operation_that_would_synchronise_a_cuda_host(model_path, loss_mode):
+    (names, additive, has_gradients), = run_in_processes(logged_packed_step, 1, model_path, loss_mode)
+    assert {"mm", "index_select"} <= names  # the log saw the step
+    assert not SYNCHRONISING_OPS & names, sorted(SYNCHRONISING_OPS & names)
+    assert additive == ["entropy", "kl_loss", "pg_loss"] and has_gradients
