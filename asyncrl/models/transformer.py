@@ -114,13 +114,13 @@ class TransformerModel(nn.Module):
     def embed(self, input_ids: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Token embeddings (..., hidden) and the rotary cos/sin (..., D) of the positions (int32 or int64).
 
-        On CUDA, rows indexed from the weight rather than `nn.Embedding`'s op: the same values, but the eager
-        embedding backward de-duplicates the ids with a host synchronisation above 3,072 of them
-        (pytorch#82886), which a CUDA graph of the trainer's step cannot capture; indexing's backward is an
-        accumulating index_put, with no host round trip. On CPU that index_put sums in thread order, while the
-        embedding's backward is deterministic, which bitwise-exact resumes rely on."""
-        if input_ids.is_cuda:
-            hidden = self.embed_tokens.weight[input_ids]
+        Flattened (N,) ids on CUDA gather rows with `index_select`: the same values as `nn.Embedding`, whose
+        eager backward de-duplicates the ids with a host synchronisation above 3,072 of them (pytorch#82886),
+        and an accumulating index_put (plain indexing's backward) is not capturable either; index_select's
+        backward is an index_add, so the trainer's packed step can be replayed from a CUDA graph. Elsewhere
+        `nn.Embedding`, whose CPU backward is deterministic (bitwise-exact resumes rely on it)."""
+        if input_ids.is_cuda and input_ids.dim() == 1:
+            hidden = self.embed_tokens.weight.index_select(0, input_ids)
         else:
             hidden = self.embed_tokens(input_ids)
         return (hidden, *self.rotary_emb(positions, hidden.dtype))

@@ -89,17 +89,24 @@ class PolicyTrainer:
         for _, micro in accumulating(self.model, plan):
             if self.step_graphs is None:
                 on_device, token_index = with_token_index(micro, self.device)
-                log_probs, entropy = response_log_probs(self.model, on_device, spec.temperature, with_entropy=True,
-                                                        token_index=token_index)
-                terms = policy_loss_terms(log_probs, entropy, on_device, spec, num_tokens, num_seqs)
-                (terms.loss * world_size()).backward()
-                terms.metrics.record(sums)
+                loss = self.micro_batch_loss(on_device, token_index, spec, num_tokens, num_seqs, sums)
+                (loss * world_size()).backward()
             else:
                 self.replay_step(micro, spec, num_tokens, num_seqs).record(sums)
         grad_norm = clip_gradients(self.model, spec.grad_clip)
         sums.add_step_value("grad_norm", grad_norm)
         self.guard.step(self.optimizer, grad_norm)
         self.zero_grad()
+
+    def micro_batch_loss(self, micro: TrainBatch, token_index: Tensor, spec: PolicyUpdateSpec, num_tokens: float,
+                         num_seqs: float, sums: MetricSums) -> Tensor:
+        """The loss of one dense micro-batch on the device (`token_index`: its `response_token_index`); its
+        metrics go to `sums`."""
+        log_probs, entropy = response_log_probs(self.model, micro, spec.temperature, with_entropy=True,
+                                                token_index=token_index)
+        terms = policy_loss_terms(log_probs, entropy, micro, spec, num_tokens, num_seqs)
+        terms.metrics.record(sums)
+        return terms.loss
 
     def zero_grad(self) -> None:
         if self.compute_weights is None:
