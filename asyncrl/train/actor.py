@@ -65,6 +65,13 @@ class PolicyTrainer:
         self.compute_weights.refresh()
         return self.compute_weights.applied()
 
+    def checkpointing(self) -> contextlib.AbstractContextManager:
+        """Around a checkpoint save or load: the fixed-address gradients of `compute_weights` step aside, so
+        torch's checkpoint helpers can build the optimizer's state (see `ComputeWeights.gradients_detached`)."""
+        if self.compute_weights is None:
+            return contextlib.nullcontext()
+        return self.compute_weights.gradients_detached()
+
     def update(self, batch: TrainBatch, spec: PolicyUpdateSpec) -> dict[str, float]:
         batch.need("advantages", "update_actor")
         batch.need("old_log_probs", "update_actor")

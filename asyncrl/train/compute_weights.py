@@ -63,6 +63,21 @@ class ComputeWeights:
             # Mixed dtypes: each add reads the compute-dtype gradient and sums in fp32, no fp32 copy of it.
             torch._foreach_add_([grad for grad, _ in pairs], [gradient for _, gradient in pairs])
 
+    @contextmanager
+    def gradients_detached(self) -> Iterator[None]:
+        """The masters without `.grad` inside the block, the same (zeroed) gradient tensors after it: torch's
+        distributed-checkpoint helpers fill in an optimizer's empty state (a fresh process loading a
+        checkpoint) only when no parameter has a gradient, and then drop every gradient."""
+        gradients = [master.grad for master in self.trainable_masters]
+        for master in self.trainable_masters:
+            master.grad = None
+        try:
+            yield
+        finally:
+            for master, gradient in zip(self.trainable_masters, gradients):
+                master.grad = gradient
+            self.zero_grads()
+
     def zero_grads(self) -> None:
         """Allocates the masters' gradients where missing, and zeroes them in place."""
         for master in self.trainable_masters:

@@ -220,3 +220,30 @@ def test_the_packed_step_runs_no_operation_that_would_synchronise_a_cuda_host(mo
     assert {"mm", "index_select"} <= names  # the log saw the step
     assert not SYNCHRONISING_OPS & names, sorted(SYNCHRONISING_OPS & names)
     assert additive == ["entropy", "kl_loss", "pg_loss"] and has_gradients
+
+
+def packed_resume_run(rank, world_size, port, model_path, folder, phase):
+    """Updates with actor.cuda_graphs (a plain module, no FSDP): 4 straight, or 2, a checkpoint, and 2 more in
+    a fresh process; the policy weights and the compute copies the next step would use."""
+    config = trainer_config(model_path, "actor.cuda_graphs=true")
+    worker = TrainerWorker(config, rank, world_size, "127.0.0.1", port, total_training_steps=10)
+    batch = make_batch(seed=2)
+    spec = PolicyUpdateSpec.from_config(config, batch.num_rows, step=0)
+    if phase == "resume":
+        worker.load_checkpoint(folder)
+    for _ in range(4 if phase == "straight" else 2):
+        worker.update_actor(batch, spec)
+    if phase == "first_half":
+        worker.save_checkpoint(folder)
+    log_probs, _ = worker.compute_log_prob(batch)  # through the compute copies, refreshed from the masters
+    return worker.policy_state_numpy(), log_probs.numpy()
+
+
+def test_packed_updates_resume_exactly_from_a_checkpoint(model_path, tmp_path):
+    folder = tmp_path / "ckpt"
+    (straight, straight_log_probs), = run_in_processes(packed_resume_run, 1, model_path, folder, "straight")
+    run_in_processes(packed_resume_run, 1, model_path, folder, "first_half")
+    (resumed, resumed_log_probs), = run_in_processes(packed_resume_run, 1, model_path, folder, "resume")
+    for name in straight:
+        assert np.array_equal(resumed[name], straight[name]), name
+    assert np.array_equal(resumed_log_probs, straight_log_probs)
