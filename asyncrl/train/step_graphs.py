@@ -40,6 +40,9 @@ class StepGraphs(Generic[Outputs]):
         self.buffers: dict[Hashable, PackedMicroBatch] = {}
         self.graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Outputs]] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        # One side stream for every warm-up: the allocator caches a stream's freed blocks for that stream only,
+        # so a fresh stream per capacity would keep one more step's activations cached each time.
+        self.warmup_stream = torch.cuda.Stream(device) if capture else None
 
     @property
     def num_graphs(self) -> int:
@@ -60,11 +63,10 @@ class StepGraphs(Generic[Outputs]):
         # This micro-batch's real work, and the warm-up, on a side stream as capture wants (work queued lazily
         # on the capturing stream, such as a library's first-use setup, would otherwise end up in the graph).
         main = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
+        self.warmup_stream.wait_stream(main)
+        with torch.cuda.stream(self.warmup_stream):
             outputs = self.step(buffers, *constants)
-        main.wait_stream(side)
+        main.wait_stream(self.warmup_stream)
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, pool=self.pool):
