@@ -22,8 +22,7 @@ host-to-device copy of pageable memory, the same shapes and Python values every 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import Any
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
