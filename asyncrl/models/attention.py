@@ -106,12 +106,7 @@ class PackedCausalAttention:
     def attend(self, layer_index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
         if query.shape[0] != self.num_tokens:
             raise ValueError(f"PackedCausalAttention expects {self.num_tokens} tokens, got query {tuple(query.shape)}")
-        mask = self._block_causal_mask(query.device)
-        output = F.scaled_dot_product_attention(
-            query.transpose(0, 1).unsqueeze(0), key.transpose(0, 1).unsqueeze(0), value.transpose(0, 1).unsqueeze(0),
-            attn_mask=mask, enable_gqa=query.shape[1] != key.shape[1],
-        )  # (1, Hq, N, D)
-        return output.squeeze(0).transpose(0, 1)
+        return masked_packed_attention(query, key, value, self._block_causal_mask(query.device))
 
 
 class FixedCapacityPackedAttention:
@@ -137,11 +132,16 @@ class FixedCapacityPackedAttention:
         if self._mask is None:
             sequence_ids = torch.cumsum(self.positions == 0, dim=0)  # (N,)
             self._mask = (sequence_ids[:, None] == sequence_ids[None, :]).tril()
-        output = F.scaled_dot_product_attention(
-            query.transpose(0, 1).unsqueeze(0), key.transpose(0, 1).unsqueeze(0), value.transpose(0, 1).unsqueeze(0),
-            attn_mask=self._mask, enable_gqa=query.shape[1] != key.shape[1],
-        )  # (1, Hq, N, D)
-        return output.squeeze(0).transpose(0, 1)
+        return masked_packed_attention(query, key, value, self._mask)
+
+
+def masked_packed_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor) -> Tensor:
+    """SDPA over packed tokens with a boolean (N, N) mask: query (N, Hq, D), key/value (N, Hkv, D) -> (N, Hq, D)."""
+    output = F.scaled_dot_product_attention(
+        query.transpose(0, 1).unsqueeze(0), key.transpose(0, 1).unsqueeze(0), value.transpose(0, 1).unsqueeze(0),
+        attn_mask=mask, enable_gqa=query.shape[1] != key.shape[1],
+    )  # (1, Hq, N, D)
+    return output.squeeze(0).transpose(0, 1)
 
 
 class SelfAttention(nn.Module):

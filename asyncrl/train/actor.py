@@ -65,13 +65,6 @@ class PolicyTrainer:
         self.compute_weights.refresh()
         return self.compute_weights.applied()
 
-    def checkpointing(self) -> contextlib.AbstractContextManager:
-        """Around a checkpoint save or load: the fixed-address gradients of `compute_weights` step aside, so
-        torch's checkpoint helpers can build the optimizer's state (see `ComputeWeights.gradients_detached`)."""
-        if self.compute_weights is None:
-            return contextlib.nullcontext()
-        return self.compute_weights.gradients_detached()
-
     def update(self, batch: TrainBatch, spec: PolicyUpdateSpec) -> dict[str, float]:
         batch.need("advantages", "update_actor")
         batch.need("old_log_probs", "update_actor")
@@ -89,9 +82,7 @@ class PolicyTrainer:
     def optimizer_step(self, mini_batch: TrainBatch, spec: PolicyUpdateSpec, sums: MetricSums) -> None:
         num_tokens, num_seqs = all_reduce_sum(
             [float(mini_batch.response_mask.sum()), float(count_sequences(mini_batch.response_mask))], self.device)
-        self.zero_grad()
-        if self.compute_weights is not None:
-            self.compute_weights.refresh()  # the masters may have changed: the last step, a snapshot swap, a load
+        self.begin_accumulation()
         plan = micro_batches(mini_batch, spec.micro_batch_size, spec.max_tokens_per_micro_batch, self.device)
         for _, micro in accumulating(self.model, plan):
             if self.step_graphs is None:
@@ -103,7 +94,8 @@ class PolicyTrainer:
         grad_norm = clip_gradients(self.model, spec.grad_clip)
         sums.add_step_value("grad_norm", grad_norm)
         self.guard.step(self.optimizer, grad_norm)
-        self.zero_grad()
+        if self.compute_weights is None:
+            self.optimizer.zero_grad(set_to_none=True)  # frees the gradients until the next step
 
     def micro_batch_loss(self, micro: TrainBatch, token_index: Tensor, spec: PolicyUpdateSpec, num_tokens: float,
                          num_seqs: float, sums: MetricSums) -> Tensor:
@@ -115,11 +107,15 @@ class PolicyTrainer:
         terms.metrics.record(sums)
         return terms.loss
 
-    def zero_grad(self) -> None:
+    def begin_accumulation(self) -> None:
+        """Gradients zeroed before a step's micro-batches: with `compute_weights` in place (a captured step
+        adds into them at fixed addresses) and the copies refreshed (the masters may have changed since: the
+        last step, a snapshot swap, a checkpoint load)."""
         if self.compute_weights is None:
             self.optimizer.zero_grad(set_to_none=True)
-        else:  # fixed addresses: a captured step adds into them
-            self.compute_weights.zero_grads()
+            return
+        self.compute_weights.zero_grads()
+        self.compute_weights.refresh()
 
     def replay_step(self, micro: TrainBatch, spec: PolicyUpdateSpec, num_tokens: float,
                     num_seqs: float) -> LossMetrics:

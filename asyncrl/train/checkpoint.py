@@ -10,6 +10,8 @@ Each rank writes its own shards; loading works with the same world size (reshard
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,8 +32,27 @@ def sharded_state(components: dict[str, Component]) -> dict[str, Any]:
     for name, (model, optimizer, _) in components.items():
         state[f"{name}.model"] = get_model_state_dict(model)
         if optimizer is not None:
-            state[f"{name}.optimizer"] = get_optimizer_state_dict(model, optimizer)
+            with gradients_aside(model):
+                state[f"{name}.optimizer"] = get_optimizer_state_dict(model, optimizer)
     return state
+
+
+@contextmanager
+def gradients_aside(model: nn.Module) -> Iterator[None]:
+    """No parameter has a `.grad` inside the block; after it, each has the very tensor it had before.
+
+    torch's state-dict helpers build an optimizer's empty state (a fresh process about to load a checkpoint)
+    with a zero-lr step, but only when no parameter has a gradient (otherwise the state stays empty and the
+    load restores nothing), and then drop every gradient. Gradients kept at fixed addresses (`ComputeWeights`,
+    which a captured CUDA graph adds into) must survive both."""
+    gradients = [(parameter, parameter.grad) for parameter in model.parameters()]
+    for parameter, _ in gradients:
+        parameter.grad = None
+    try:
+        yield
+    finally:
+        for parameter, gradient in gradients:
+            parameter.grad = gradient
 
 
 def save_trainer_state(folder: str | Path, components: dict[str, Component], extra: dict[str, Any]) -> None:
@@ -59,7 +80,8 @@ def load_trainer_state(folder: str | Path, components: dict[str, Component]) -> 
     for name, (model, optimizer, _) in components.items():
         set_model_state_dict(model, state[f"{name}.model"])
         if optimizer is not None:
-            set_optimizer_state_dict(model, optimizer, state[f"{name}.optimizer"])
+            with gradients_aside(model):
+                set_optimizer_state_dict(model, optimizer, state[f"{name}.optimizer"])
     local = torch.load(local_path, weights_only=False)
     for name, (_, _, scheduler) in components.items():
         if scheduler is not None:

@@ -12,7 +12,8 @@ fresh memory at every step, so a trainer rank that replays its micro-batch step 
 FSDP's on one rank: forward and backward in the compute dtype, gradients summed in fp32 on the masters.
 
 The masters' `.grad` tensors are allocated once and zeroed in place (`zero_grads`), never set to None: a
-captured step adds into them at fixed addresses too.
+captured step adds into them at fixed addresses too (checkpointing sets them aside and back:
+`checkpoint.gradients_aside`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class ComputeWeights:
     def refresh(self) -> None:
         """Copies := masters (rounded to the compute dtype), in place."""
         with torch.no_grad():
-            torch._foreach_copy_(self.copies, [master.detach() for master in self.masters])
+            torch._foreach_copy_(self.copies, self.masters)
 
     @contextmanager
     def applied(self) -> Iterator[None]:
@@ -62,21 +63,6 @@ class ComputeWeights:
         if pairs:
             # Mixed dtypes: each add reads the compute-dtype gradient and sums in fp32, no fp32 copy of it.
             torch._foreach_add_([grad for grad, _ in pairs], [gradient for _, gradient in pairs])
-
-    @contextmanager
-    def gradients_detached(self) -> Iterator[None]:
-        """The masters without `.grad` inside the block, the same (zeroed) gradient tensors after it: torch's
-        distributed-checkpoint helpers fill in an optimizer's empty state (a fresh process loading a
-        checkpoint) only when no parameter has a gradient, and then drop every gradient."""
-        gradients = [master.grad for master in self.trainable_masters]
-        for master in self.trainable_masters:
-            master.grad = None
-        try:
-            yield
-        finally:
-            for master, gradient in zip(self.trainable_masters, gradients):
-                master.grad = gradient
-            self.zero_grads()
 
     def zero_grads(self) -> None:
         """Allocates the masters' gradients where missing, and zeroes them in place."""

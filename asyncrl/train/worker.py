@@ -177,11 +177,9 @@ class TrainerWorker:
         return components
 
     def save_checkpoint(self, folder: str | Path) -> None:
-        with self.actor.checkpointing():
-            save_trainer_state(folder, self.components(), extra={"actor_skipped": self.actor.guard.num_skipped})
+        save_trainer_state(folder, self.components(), extra={"actor_skipped": self.actor.guard.num_skipped})
 
     def load_checkpoint(self, folder: str | Path) -> None:
-        with self.actor.checkpointing():
-            extra = load_trainer_state(folder, self.components())
+        extra = load_trainer_state(folder, self.components())
         self.persistent_sync_tensors = None  # listed again, in case loading replaced a tensor
         self.actor.guard.num_skipped = extra["actor_skipped"]
