@@ -1,6 +1,7 @@
 """Where an actor update's time goes: host vs GPU, and the top GPU kernels.
 
-    python benchmarks/profile_trainer.py --model qwen2.5-0.5b --micro-tokens 4096 --seq-len 1024 [--cuda-graphs]
+    python benchmarks/profile_trainer.py --model qwen2.5-0.5b --micro-tokens 4096 --seq-len 1024 [--cuda-graphs] \
+        [--trace trace.json]
 Prints the wall time of one `update_actor`, the GPU time of its kernels, and the kernels that take most.
 """
 
@@ -22,6 +23,7 @@ def main() -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--cuda-graphs", action="store_true", help="actor.cuda_graphs: micro-batch steps replayed")
     parser.add_argument("--rows", type=int, default=40, help="kernels to list")
+    parser.add_argument("--trace", help="also write the profiled update's Chrome trace (JSON) here")
     options = parser.parse_args()
     worker, batch, spec = update_setup(options.model, options.micro_tokens, options.seq_len,
                                        options.num_micro_batches, options.gradient_checkpointing, "cuda",
@@ -35,6 +37,8 @@ def main() -> None:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
         worker.update_actor(batch, spec)
         torch.cuda.synchronize()
+    if options.trace:
+        profiler.export_chrome_trace(options.trace)
     events = profiler.key_averages()
     print(f"update_actor: wall {wall * 1e3:.1f} ms ({batch.num_rows} rows x {options.seq_len} tokens, "
           f"{options.num_micro_batches} micro-batches); the kernels' GPU time is the table's Self CUDA total")

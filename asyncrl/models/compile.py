@@ -33,7 +33,7 @@ def compile_decoder_layers(model: CausalLM | ValueModel, backend: str = "inducto
     """Replaces every layer's `dense_forward` (the trainer's whole layer) and `attention_inputs` /
     `attention_outputs` (the halves around an attention backend), and the backbone's `embed` and `final_norm`
     (the engine's ends of the forward), with compiled versions, in place, and marks
-    the model `is_compiled` (the trainer's chunked LM head then compiles its softmax math too).
+    the model `is_compiled` (on CUDA the trainer's chunked LM head then runs its fused Triton kernels too).
 
     Call it before FSDP wrapping or CUDA-graph capture (their hooks and captures then see the compiled
     functions). `backend="aot_eager"` traces forward and backward without code generation (CPU tests)."""

@@ -42,6 +42,11 @@ def with_token_index(micro: TrainBatch, device: torch.device) -> tuple[TrainBatc
     return micro.to(device), move_tensor(response_token_index(micro.response_mask), device)
 
 
+def fused_head(model: CausalLM, hidden: Tensor) -> bool:
+    """The LM head's softmax math in Triton kernels: the GPU fast path, on with the compiled layers."""
+    return model.is_compiled and hidden.is_cuda
+
+
 def response_log_probs(model: CausalLM, batch: TrainBatch, temperature: float, with_entropy: bool,
                        token_index: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
     """log-probs (B, R) of the response tokens (0 in padding columns) and, if asked, entropies (B, R).
@@ -53,7 +58,7 @@ def response_log_probs(model: CausalLM, batch: TrainBatch, temperature: float, w
     positions = predictor_positions(batch)[rows, columns]  # (N,)
     token_log_probs, token_entropy = token_log_probs_and_entropy(
         hidden[rows, positions], model.lm_head.weight, batch.response_ids()[rows, columns], temperature,
-        with_entropy, compiled=model.is_compiled)  # (N,) each
+        with_entropy, fused=fused_head(model, hidden))  # (N,) each
     shape = batch.response_mask.shape
     log_probs = token_log_probs.new_zeros(shape).index_put((rows, columns), token_log_probs)
     if token_entropy is None:
@@ -69,7 +74,7 @@ def packed_response_log_probs(model: CausalLM, packed: PackedMicroBatch,
     hidden = model(packed.input_ids, packed.positions, attention=attention)  # (N, H)
     token_log_probs, token_entropy = token_log_probs_and_entropy(
         hidden.index_select(0, packed.predictor_index), model.lm_head.weight, packed.target_ids, temperature,
-        with_entropy=True, compiled=model.is_compiled)  # (M,) each
+        with_entropy=True, fused=fused_head(model, hidden))  # (M,) each
     return scatter_to_grid(token_log_probs, packed), scatter_to_grid(token_entropy, packed)
 
 

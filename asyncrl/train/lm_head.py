@@ -6,8 +6,9 @@
 A vocabulary of 150k tokens makes the (N, V) float32 logits, their log-softmax and the entropy intermediates
 the largest tensors of a training step, and autograd would keep them all for backward. Here only one chunk of
 `chunk_size` tokens has logits at a time; backward recomputes each chunk's logits (one more LM-head matmul)
-instead of storing them. Matmuls run in the input dtype (bf16 on GPU, as `CausalLM.compute_logits`), the
-softmax math in float32 (float64 for float64 input).
+instead of storing them, from the forward's logsumexp. Matmuls run in the input dtype (bf16 on GPU, as
+`CausalLM.compute_logits`), the softmax math in float32 (float64 for float64 input). On CUDA (`fused`) the
+softmax math is two Triton kernels of one pass over the chunk's logits each (`triton_lm_head.py`).
 
 Math, per token, with z = W h / T, p = softmax(z), log p = z - lse(z), and the incoming gradients g_lp, g_H:
     log p_y = z_y - lse(z)                       d log p_y / dz = onehot(y) - p
@@ -24,24 +25,35 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-# Bytes of one chunk's float32 logits; backward holds about three such buffers at once (logits, probabilities,
-# gradient), plus the float32 weight-gradient accumulator. Qwen2's vocabulary of 151,936 gives 883 tokens.
+# Bytes of one chunk's softmax buffer: float32 logits in the torch path, where backward holds about three such
+# buffers at once (logits, probabilities, gradient); the bf16 logits in the fused path, whose gradient is
+# written over them. Qwen2's vocabulary of 151,936 gives 883 tokens (torch) or 1,766 (fused, bf16); either
+# path also holds the float32 weight-gradient accumulator.
 LOGITS_CHUNK_BYTES = 512 * 2**20
 
 
-def chunk_size_for_budget(vocab_size: int, budget_bytes: int = LOGITS_CHUNK_BYTES) -> int:
-    """Tokens per chunk so that a chunk's (chunk, V) float32 logits fit in `budget_bytes` (at least 1)."""
-    return max(1, budget_bytes // (vocab_size * 4))
+def chunk_size_for_budget(vocab_size: int, budget_bytes: int = LOGITS_CHUNK_BYTES, item_size: int = 4) -> int:
+    """Tokens per chunk so that a chunk's (chunk, V) logits of `item_size` bytes fit in `budget_bytes` (at
+    least 1)."""
+    return max(1, budget_bytes // (vocab_size * item_size))
+
+
+def even_chunks(num_tokens: int, chunk_size: int) -> list[tuple[int, int]]:
+    """(start, end) of the fewest chunks of at most `chunk_size` tokens, of equal length up to one token: a
+    short last chunk would cost a whole pass over the (V, H) weight gradient for a few tokens."""
+    count = max(1, -(-num_tokens // chunk_size))
+    bounds = [num_tokens * index // count for index in range(count + 1)]
+    return [(start, end) for start, end in zip(bounds, bounds[1:]) if end > start]
 
 
 def token_log_probs_and_entropy(hidden: Tensor, weight: Tensor, target_ids: Tensor, temperature: float,
                                 with_entropy: bool, chunk_size: Optional[int] = None,
-                                compiled: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+                                fused: bool = False) -> tuple[Tensor, Optional[Tensor]]:
     """log softmax(W h / T)[y] (N,) and, if asked, the entropy of softmax(W h / T) (N,); both differentiable.
 
     hidden (N, H) and weight (V, H) share a dtype; target_ids (N,) int64. Outputs are float32 (float64 for
-    float64 input). `chunk_size` None picks it from `LOGITS_CHUNK_BYTES`. `compiled` runs each chunk's softmax
-    math through torch.compile (CUDA).
+    float64 input). `chunk_size` None picks it from `LOGITS_CHUNK_BYTES`. `fused` runs each chunk's softmax
+    math in the Triton kernels of `triton_lm_head.py` (CUDA, or Triton's interpreter; not float64).
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
@@ -52,12 +64,14 @@ def token_log_probs_and_entropy(hidden: Tensor, weight: Tensor, target_ids: Tens
         raise ValueError(f"hidden and weight must share a dtype, got {hidden.dtype} and {weight.dtype}")
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
+    if fused and hidden.dtype == torch.float64:
+        raise ValueError("the fused LM-head kernels compute in float32; float64 needs fused=False")
     if chunk_size is None:
-        chunk_size = chunk_size_for_budget(weight.shape[0])
+        chunk_size = chunk_size_for_budget(weight.shape[0], item_size=hidden.element_size() if fused else 4)
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     outputs = ChunkedLogProbEntropy.apply(hidden, weight, target_ids, float(temperature), chunk_size, with_entropy,
-                                          compiled)
+                                          fused)
     return (outputs[0], outputs[1]) if with_entropy else (outputs, None)
 
 
@@ -66,33 +80,35 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target_ids: Tensor, temperature: float, chunk_size: int,
-                with_entropy: bool, compiled: bool):
+                with_entropy: bool, fused: bool):
         num_tokens = hidden.shape[0]
         softmax_dtype = _softmax_dtype(hidden.dtype)
         log_probs = torch.empty(num_tokens, dtype=softmax_dtype, device=hidden.device)
+        lse = torch.empty(num_tokens, dtype=softmax_dtype, device=hidden.device)
         entropy = torch.empty(num_tokens, dtype=softmax_dtype, device=hidden.device) if with_entropy else None
-        statistics = _compiled_statistics if compiled else chunk_statistics
-        for start in range(0, num_tokens, chunk_size):
-            end = min(start + chunk_size, num_tokens)
+        statistics = _fused_kernels()[0] if fused else chunk_statistics
+        for start, end in even_chunks(num_tokens, chunk_size):
             logits = torch.mm(hidden[start:end], weight.t())  # (c, V) in the input dtype
-            chunk_log_probs, chunk_entropy = statistics(logits, target_ids[start:end], temperature, with_entropy)
+            chunk_log_probs, chunk_entropy, chunk_lse = statistics(logits, target_ids[start:end], temperature,
+                                                                   with_entropy)
             log_probs[start:end] = chunk_log_probs
+            lse[start:end] = chunk_lse
             if with_entropy:
                 entropy[start:end] = chunk_entropy
         ctx.set_materialize_grads(False)
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
-        ctx.compiled = compiled
+        ctx.fused = fused
         if with_entropy:
-            ctx.save_for_backward(hidden, weight, target_ids, entropy)
+            ctx.save_for_backward(hidden, weight, target_ids, lse, entropy)
             return log_probs, entropy
-        ctx.save_for_backward(hidden, weight, target_ids)
+        ctx.save_for_backward(hidden, weight, target_ids, lse)
         return log_probs
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_log_probs: Optional[Tensor], grad_entropy: Optional[Tensor] = None):
-        hidden, weight, target_ids, *saved_entropy = ctx.saved_tensors
+        hidden, weight, target_ids, lse, *saved_entropy = ctx.saved_tensors
         needs_hidden, needs_weight = ctx.needs_input_grad[:2]
         num_tokens = hidden.shape[0]
         if grad_log_probs is None:  # only the entropy reaches the loss
@@ -101,13 +117,12 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
         # Always a tensor (zeros without tokens): under FSDP every rank must reduce the same set of gradients.
         grad_weight = torch.zeros(weight.shape, dtype=_softmax_dtype(weight.dtype),
                                   device=weight.device) if needs_weight else None
-        gradient = _compiled_grad_logits if ctx.compiled else chunk_grad_logits
-        for start in range(0, num_tokens, ctx.chunk_size):
-            end = min(start + ctx.chunk_size, num_tokens)
+        gradient = _fused_kernels()[1] if ctx.fused else chunk_grad_logits
+        for start, end in even_chunks(num_tokens, ctx.chunk_size):
             chunk_hidden = hidden[start:end]
             logits = torch.mm(chunk_hidden, weight.t())  # (c, V), recomputed rather than stored
             grad_logits = gradient(
-                logits, target_ids[start:end], grad_log_probs[start:end],
+                logits, target_ids[start:end], lse[start:end], grad_log_probs[start:end],
                 None if grad_entropy is None else grad_entropy[start:end],
                 saved_entropy[0][start:end] if saved_entropy else None, ctx.temperature)  # (c, V) input dtype
             del logits
@@ -125,30 +140,30 @@ def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _scaled_log_softmax(logits: Tensor, temperature: float) -> Tensor:
-    """log softmax(logits / T) (c, V) in at least float32: a fresh buffer, which callers may modify in place."""
-    log_probs = logits.to(_softmax_dtype(logits.dtype)) / temperature  # scaled logits, then log-probs in place
-    return log_probs.sub_(torch.logsumexp(log_probs, dim=-1, keepdim=True))
+def _scaled_logits(logits: Tensor, temperature: float) -> Tensor:
+    """logits / T (c, V) in at least float32: a fresh buffer, which callers may modify in place."""
+    return logits.to(_softmax_dtype(logits.dtype)) / temperature
 
 
 def chunk_statistics(logits: Tensor, target_ids: Tensor, temperature: float,
-                     with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
-    """logits (c, V) of W h -> log softmax(logits / T)[y] (c,) and, if asked, the entropy (c,), in float32.
-
-    In-place steps keep eager runs (CPU) at two (c, V) float32 buffers; compiled, they fuse anyway."""
-    log_probs = _scaled_log_softmax(logits, temperature)  # (c, V)
+                     with_entropy: bool) -> tuple[Tensor, Optional[Tensor], Tensor]:
+    """logits (c, V) of W h -> log softmax(logits / T)[y] (c,), the entropy (c,) if asked and the logsumexp of
+    logits / T (c,), in float32. In-place steps keep it at two (c, V) float32 buffers."""
+    log_probs = _scaled_logits(logits, temperature)
+    lse = torch.logsumexp(log_probs, dim=-1)
+    log_probs.sub_(lse[:, None])  # (c, V)
     target_log_probs = log_probs.gather(1, target_ids[:, None]).squeeze(1)
     if not with_entropy:
-        return target_log_probs, None
+        return target_log_probs, None, lse
     # -sum p log p rather than lse - sum p z: no cancellation between two large terms.
-    return target_log_probs, log_probs.exp().mul_(log_probs).sum(dim=-1).neg_()
+    return target_log_probs, log_probs.exp().mul_(log_probs).sum(dim=-1).neg_(), lse
 
 
-def chunk_grad_logits(logits: Tensor, target_ids: Tensor, grad_log_probs: Tensor, grad_entropy: Optional[Tensor],
-                      entropy: Optional[Tensor], temperature: float) -> Tensor:
-    """dL/d(W h) (c, V) of one chunk in the logits' dtype, 1/T included: p (a + b log p) + onehot(y) g_lp / T,
-    where a = -(g_lp + g_H H) / T and b = -g_H / T."""
-    log_probs = _scaled_log_softmax(logits, temperature)  # (c, V)
+def chunk_grad_logits(logits: Tensor, target_ids: Tensor, lse: Tensor, grad_log_probs: Tensor,
+                      grad_entropy: Optional[Tensor], entropy: Optional[Tensor], temperature: float) -> Tensor:
+    """dL/d(W h) (c, V) of one chunk in the logits' dtype, 1/T included, from the forward's `lse`:
+    p (a + b log p) + onehot(y) g_lp / T, where a = -(g_lp + g_H H) / T and b = -g_H / T."""
+    log_probs = _scaled_logits(logits, temperature).sub_(lse[:, None])  # (c, V)
     scaled_grad_log_probs = (grad_log_probs / temperature)[:, None]  # (c, 1)
     if grad_entropy is None:
         grad = log_probs.exp_().mul_(-scaled_grad_log_probs)
@@ -159,11 +174,10 @@ def chunk_grad_logits(logits: Tensor, target_ids: Tensor, grad_log_probs: Tensor
     return grad.scatter_add_(1, target_ids[:, None], scaled_grad_log_probs).to(logits.dtype)
 
 
-# On CUDA each chunk's softmax passes (widening, logsumexp, gather, entropy; in backward the gradient) fuse
-# into a few kernels that read the bf16 logits once or twice, instead of ~10 full (c, V) float32 passes.
-# Chunks differ in length (the last one), hence dynamic shapes.
-_compiled_statistics = torch.compile(chunk_statistics, dynamic=True, fullgraph=True)
-_compiled_grad_logits = torch.compile(chunk_grad_logits, dynamic=True, fullgraph=True)
+def _fused_kernels():
+    """(statistics, gradient) of `triton_lm_head.py`, imported on first use: CPU installs may lack triton."""
+    from asyncrl.train.triton_lm_head import fused_chunk_grad_logits_, fused_chunk_statistics
+    return fused_chunk_statistics, fused_chunk_grad_logits_
 
 
 def accumulate_matmul(accumulator: Tensor, left: Tensor, right: Tensor) -> None:

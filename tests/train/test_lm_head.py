@@ -4,7 +4,8 @@ memory measured from the profiler's allocation events."""
 
 from __future__ import annotations
 
-import shutil
+import importlib.util
+import os
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from torch.profiler import ProfilerActivity, profile
 from asyncrl.algos import entropy_from_logits
 from asyncrl.models import CausalLM, init_weights, tiny_config
 from asyncrl.train.forward import dense_positions, response_log_probs
-from asyncrl.train.lm_head import accumulate_matmul, chunk_size_for_budget, token_log_probs_and_entropy
+from asyncrl.train.lm_head import accumulate_matmul, chunk_size_for_budget, even_chunks, token_log_probs_and_entropy
 
 from .helpers import make_batch
 
@@ -203,32 +204,81 @@ def test_peak_memory_stays_near_one_chunk_of_logits():
     assert chunked_peak < plain_peak / 20
 
 
-# Inductor generates Triton code on CUDA and C++ on the CPU, which needs a compiler.
-COMPILE_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The fused kernels run on a GPU, or on CPU tensors under Triton's interpreter.
+FUSED_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None
+    or not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),
+    reason="needs triton with a GPU or TRITON_INTERPRET=1")
 
 
-@pytest.mark.skipif(COMPILE_DEVICE == "cpu" and shutil.which("cc") is None and shutil.which("g++") is None,
-                    reason="torch.compile's Inductor needs CUDA or a C/C++ compiler")
+@needs_triton
 @pytest.mark.parametrize("with_entropy", [True, False])
-def test_compiled_chunks_match_eager_chunks(with_entropy):
-    """The fused (torch.compile) softmax math of the trainer's GPU path against the eager one, in bf16 with a
-    ragged last chunk (compiled for the GPU when there is one, else for the CPU: the same graph)."""
-    hidden, weight, target_ids, coefficients = random_inputs(torch.float32, 300, 64, 5000)
-    hidden = hidden.detach().to(COMPILE_DEVICE, torch.bfloat16).requires_grad_()
-    weight = weight.detach().to(COMPILE_DEVICE, torch.bfloat16).requires_grad_()
-    target_ids, coefficients = target_ids.to(COMPILE_DEVICE), coefficients.to(COMPILE_DEVICE, torch.float32)
+@pytest.mark.parametrize("vocab_size", [5000, 4096, 37])  # several blocks with a ragged last one; exact; < 1 block
+def test_fused_chunk_kernels_match_the_torch_chunk_math(with_entropy, vocab_size):
+    """The Triton statistics and gradient against `chunk_statistics` / `chunk_grad_logits` on the same float32
+    logits (peaked rows, a temperature, a row whose target is its largest logit)."""
+    from asyncrl.train.lm_head import chunk_grad_logits, chunk_statistics
+    from asyncrl.train.triton_lm_head import fused_chunk_grad_logits_, fused_chunk_statistics
 
-    def run(compiled):
+    generator = torch.Generator().manual_seed(1)
+    logits = (torch.randn(6, vocab_size, generator=generator) * torch.tensor([1.0, 4.0, 8.0, 0.1, 2.0, 30.0])[:, None])
+    target_ids = torch.randint(0, vocab_size, (6,), generator=generator)
+    target_ids[2] = logits[2].argmax()
+    grad_log_probs, grad_entropy = torch.randn(2, 6, generator=generator)
+    logits, target_ids = logits.to(FUSED_DEVICE), target_ids.to(FUSED_DEVICE)
+    grad_log_probs, grad_entropy = grad_log_probs.to(FUSED_DEVICE), grad_entropy.to(FUSED_DEVICE)
+
+    expected = chunk_statistics(logits, target_ids, 0.7, with_entropy)
+    actual = fused_chunk_statistics(logits, target_ids, 0.7, with_entropy)
+    for name, want, got in zip(("log_probs", "entropy", "lse"), expected, actual):
+        if want is None:
+            assert got is None
+        else:
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5, msg=name)
+    entropy = expected[1]
+    expected_grad = chunk_grad_logits(logits, target_ids, expected[2], grad_log_probs,
+                                      grad_entropy if with_entropy else None, entropy, 0.7)
+    buffer = logits.clone()
+    actual_grad = fused_chunk_grad_logits_(buffer, target_ids, expected[2], grad_log_probs,
+                                           grad_entropy if with_entropy else None, entropy, 0.7)
+    assert actual_grad.data_ptr() == buffer.data_ptr()  # written over the logits
+    torch.testing.assert_close(actual_grad, expected_grad, atol=1e-6, rtol=1e-4)
+    # The gradient of a log-prob sums to 0 over the vocabulary (softmax's rows sum to 1).
+    if not with_entropy:
+        assert actual_grad.sum(dim=1).abs().max().item() < 1e-4
+
+
+@needs_triton
+@pytest.mark.parametrize("with_entropy", [True, False])
+def test_fused_lm_head_matches_the_torch_lm_head(with_entropy):
+    """The whole chunked op with the fused kernels against the torch path: outputs and both gradients, with
+    chunks of uneven token counts (bf16 on a GPU, float32 under the interpreter)."""
+    dtype = torch.bfloat16 if FUSED_DEVICE == "cuda" else torch.float32
+    hidden, weight, target_ids, coefficients = random_inputs(torch.float32, 300, 64, 5000)
+    hidden = hidden.detach().to(FUSED_DEVICE, dtype).requires_grad_()
+    weight = weight.detach().to(FUSED_DEVICE, dtype).requires_grad_()
+    target_ids, coefficients = target_ids.to(FUSED_DEVICE), coefficients.to(FUSED_DEVICE, torch.float32)
+
+    def run(fused):
         log_probs, entropy = token_log_probs_and_entropy(hidden, weight, target_ids, 0.7, with_entropy,
-                                                         chunk_size=128, compiled=compiled)
+                                                         chunk_size=128, fused=fused)
         loss = (coefficients[0] * log_probs).sum()
         if with_entropy:
             loss = loss + (coefficients[1] * entropy).sum()
         return (log_probs, *torch.autograd.grad(loss, [hidden, weight]))
 
-    for eager, compiled in zip(run(False), run(True)):
+    tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    for eager, fused in zip(run(False), run(True)):
         scale = eager.float().abs().max().item()
-        assert (eager.float() - compiled.float()).abs().max().item() <= 1e-2 * max(scale, 1.0)
+        assert (eager.float() - fused.float()).abs().max().item() <= tolerance * max(scale, 1.0)
+
+
+def test_even_chunks_split_tokens_into_the_fewest_near_equal_chunks():
+    assert even_chunks(3584, 1766) == [(0, 1194), (1194, 2389), (2389, 3584)]
+    assert even_chunks(10, 10) == [(0, 10)]
+    assert even_chunks(11, 10) == [(0, 5), (5, 11)]
+    assert even_chunks(0, 10) == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -1,0 +1,136 @@
+"""The LM head's per-chunk softmax math on CUDA as two Triton kernels, one pass over the logits each.
+
+    log_probs, entropy, lse = fused_chunk_statistics(logits, target_ids, temperature, with_entropy)
+    grad_logits = fused_chunk_grad_logits_(logits, target_ids, lse, grad_log_probs, grad_entropy, entropy,
+                                           temperature)   # written over `logits`, which it returns
+
+The same math as `lm_head.chunk_statistics` / `chunk_grad_logits` (see the formulas in `lm_head.py`), for
+(c, V) logits in bf16, fp16 or fp32, in float32 arithmetic. A chunk of a 152k vocabulary is ~270 MB of bf16
+logits; torch.compile's kernels for it took several passes (and 4 ms per 883-token chunk in a replayed CUDA
+graph, 60x the memory floor), these take one each:
+- statistics: one program per row walks the vocabulary in blocks and keeps an online softmax (max, sum of
+  exp(z - max), and for the entropy the sum of exp(z - max) (z - max)), with z = logits / T;
+- gradient: one program per row reads each logit once and writes dL/dlogits in its place (the logits are not
+  needed afterwards), from the forward's logsumexp.
+
+Imported only on CUDA (CPU installs may lack triton); the kernels also run under Triton's interpreter
+(`TRITON_INTERPRET=1`, `tests/train/test_lm_head.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+BLOCK = 4096      # vocabulary entries per loop step of one row
+NUM_WARPS = 8
+
+
+@triton.jit
+def _statistics_kernel(logits_ptr, targets_ptr, log_probs_ptr, entropy_ptr, lse_ptr, vocab_size, row_stride,
+                       inverse_temperature, BLOCK: tl.constexpr, WITH_ENTROPY: tl.constexpr):
+    row = tl.program_id(0)
+    row_logits = logits_ptr + row.to(tl.int64) * row_stride
+    running_max = tl.full((), float("-inf"), tl.float32)
+    running_sum = tl.zeros((), tl.float32)      # sum of exp(z - running_max)
+    running_moment = tl.zeros((), tl.float32)   # sum of exp(z - running_max) (z - running_max), <= 0
+    for start in range(0, vocab_size, BLOCK):
+        columns = start + tl.arange(0, BLOCK)
+        inside = columns < vocab_size
+        z = tl.load(row_logits + columns, mask=inside, other=0.0).to(tl.float32) * inverse_temperature
+        new_max = tl.maximum(running_max, tl.max(tl.where(inside, z, float("-inf")), 0))
+        shift = running_max - new_max  # <= 0; -inf on the first block, whose running sums are 0
+        correction = tl.exp(shift)
+        centred = z - new_max
+        probs = tl.where(inside, tl.exp(centred), 0.0)
+        if WITH_ENTROPY:
+            # Re-centring the moment: sum e (z - m) = correction (moment + (m_old - m) sum_old).
+            carried = tl.where(running_sum > 0.0, correction * (running_moment + shift * running_sum), 0.0)
+            running_moment = carried + tl.sum(probs * tl.where(inside, centred, 0.0), 0)
+        running_sum = running_sum * correction + tl.sum(probs, 0)
+        running_max = new_max
+    log_sum = tl.log(running_sum)
+    lse = running_max + log_sum
+    target_logit = tl.load(row_logits + tl.load(targets_ptr + row)).to(tl.float32) * inverse_temperature
+    tl.store(log_probs_ptr + row, target_logit - lse)
+    tl.store(lse_ptr + row, lse)
+    if WITH_ENTROPY:
+        # H = -sum p log p = log S - E_p[z - m]: two non-negative terms, no cancellation.
+        tl.store(entropy_ptr + row, log_sum - running_moment / running_sum)
+
+
+@triton.jit
+def _grad_logits_kernel(logits_ptr, targets_ptr, lse_ptr, grad_log_probs_ptr, grad_entropy_ptr, entropy_ptr,
+                        vocab_size, row_stride, inverse_temperature, BLOCK: tl.constexpr,
+                        WITH_ENTROPY: tl.constexpr):
+    row = tl.program_id(0)
+    row_logits = logits_ptr + row.to(tl.int64) * row_stride
+    lse = tl.load(lse_ptr + row)
+    grad_log_prob = tl.load(grad_log_probs_ptr + row)
+    target = tl.load(targets_ptr + row)
+    if WITH_ENTROPY:
+        grad_entropy = tl.load(grad_entropy_ptr + row)
+        entropy = tl.load(entropy_ptr + row)
+    for start in range(0, vocab_size, BLOCK):
+        columns = start + tl.arange(0, BLOCK)
+        inside = columns < vocab_size
+        raw = tl.load(row_logits + columns, mask=inside, other=0.0)
+        log_probs = raw.to(tl.float32) * inverse_temperature - lse
+        probs = tl.exp(log_probs)
+        # dL/dz = g_lp onehot(y) - p (g_lp + g_H (log p + H)); dL/dlogits = dL/dz / T.
+        if WITH_ENTROPY:
+            grad = -probs * (grad_log_prob + grad_entropy * (log_probs + entropy))
+        else:
+            grad = -probs * grad_log_prob
+        grad = tl.where(columns == target, grad + grad_log_prob, grad) * inverse_temperature
+        tl.store(row_logits + columns, grad.to(raw.dtype), mask=inside)
+
+
+def fused_chunk_statistics(logits: Tensor, target_ids: Tensor, temperature: float,
+                           with_entropy: bool) -> tuple[Tensor, Optional[Tensor], Tensor]:
+    """logits (c, V) of W h -> log softmax(logits / T)[y], the entropy if asked, and logsumexp(logits / T),
+    each (c,) float32."""
+    rows, vocab_size = logits.shape
+    _check(logits, target_ids)
+    log_probs = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    lse = torch.empty_like(log_probs)
+    entropy = torch.empty_like(log_probs) if with_entropy else None
+    if rows:
+        _statistics_kernel[(rows,)](logits, target_ids, log_probs, log_probs if entropy is None else entropy, lse,
+                                    vocab_size, logits.stride(0), 1.0 / temperature, BLOCK=BLOCK,
+                                    WITH_ENTROPY=with_entropy, num_warps=NUM_WARPS)
+    return log_probs, entropy, lse
+
+
+def fused_chunk_grad_logits_(logits: Tensor, target_ids: Tensor, lse: Tensor, grad_log_probs: Tensor,
+                             grad_entropy: Optional[Tensor], entropy: Optional[Tensor],
+                             temperature: float) -> Tensor:
+    """dL/dlogits (c, V) written over `logits` (returned), from the forward's `lse` and `entropy` and the
+    incoming float32 gradients (c,); `grad_entropy` None when only the log-probs reach the loss."""
+    rows, vocab_size = logits.shape
+    _check(logits, target_ids)
+    with_entropy = grad_entropy is not None
+    if with_entropy and entropy is None:
+        raise ValueError("fused_chunk_grad_logits_ needs the forward's entropy with an entropy gradient")
+    if rows:
+        _grad_logits_kernel[(rows,)](logits, target_ids, lse, grad_log_probs.float().contiguous(),
+                                     grad_entropy.float().contiguous() if with_entropy else lse,
+                                     entropy if with_entropy else lse, vocab_size, logits.stride(0),
+                                     1.0 / temperature, BLOCK=BLOCK, WITH_ENTROPY=with_entropy,
+                                     num_warps=NUM_WARPS)
+    return logits
+
+
+def _check(logits: Tensor, target_ids: Tensor) -> None:
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError(f"fused LM-head kernels need (c, V) logits with contiguous rows, got shape "
+                         f"{tuple(logits.shape)} and strides {logits.stride()}")
+    if logits.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"fused LM-head kernels take bf16, fp16 or fp32 logits, got {logits.dtype}")
+    if target_ids.shape != logits.shape[:1] or not target_ids.is_contiguous():
+        raise ValueError(f"target_ids must be contiguous of shape ({logits.shape[0]},), got "
+                         f"{tuple(target_ids.shape)}")

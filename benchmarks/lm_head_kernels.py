@@ -1,0 +1,57 @@
+"""The LM head's per-chunk softmax math on one GPU: the fused Triton kernels against the torch path, per chunk.
+
+    python benchmarks/lm_head_kernels.py [--tokens 1195] [--vocab 151936]
+
+Floors: the statistics read the (c, V) bf16 logits once; the gradient reads and writes them once. Times are
+CUDA-event medians of 20 runs after warm-up; GB/s counts those floor bytes.
+"""
+
+import argparse
+
+import torch
+
+from asyncrl.train.lm_head import chunk_grad_logits, chunk_statistics
+from asyncrl.train.triton_lm_head import fused_chunk_grad_logits_, fused_chunk_statistics
+
+
+def timed(function, repeats: int = 20) -> float:
+    for _ in range(3):
+        function()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        function()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=1195)
+    parser.add_argument("--vocab", type=int, default=151936)
+    options = parser.parse_args()
+    logits = (torch.randn(options.tokens, options.vocab, device="cuda") * 3).bfloat16()
+    targets = torch.randint(0, options.vocab, (options.tokens,), device="cuda")
+    grads = torch.randn(2, options.tokens, device="cuda")
+    nbytes = logits.numel() * logits.element_size()
+    _, entropy, lse = fused_chunk_statistics(logits, targets, 0.9, True)
+    scratch = logits.clone()
+    cases = {
+        "statistics, fused": (lambda: fused_chunk_statistics(logits, targets, 0.9, True), nbytes),
+        "statistics, torch": (lambda: chunk_statistics(logits, targets, 0.9, True), nbytes),
+        "gradient, fused (in place)": (lambda: fused_chunk_grad_logits_(scratch, targets, lse, grads[0], grads[1],
+                                                                        entropy, 0.9), 2 * nbytes),
+        "gradient, torch": (lambda: chunk_grad_logits(logits, targets, lse, grads[0], grads[1], entropy, 0.9),
+                            2 * nbytes),
+    }
+    print(f"{options.tokens} x {options.vocab} bf16 logits ({nbytes / 1e6:.0f} MB)")
+    for name, (function, floor_bytes) in cases.items():
+        seconds = timed(function)
+        print(f"{name:28s} {seconds * 1e6:9.1f} us  {floor_bytes / seconds / 1e9:7.0f} GB/s of the floor's bytes")
+
+
+if __name__ == "__main__":
+    main()
