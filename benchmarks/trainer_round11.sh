@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1
 timeout 200 python3 -m pytest -q tests/train/test_lm_head.py tests/train/test_packed_step.py -k "fused or cuda" \
   > "$OUT/tests.log" 2>&1
 tail -3 "$OUT/tests.log"
-timeout 60 python3 benchmarks/lm_head_kernels.py 2>&1 | tee "$OUT/lm_head_kernels.log"
+timeout 60 python3 benchmarks/lm_head_kernels.py 2>&1 | tail -8
 run() {  # label, then bench arguments
   local label=$1; shift
   timeout 150 python3 -m asyncrl.bench.trainer "$@" --output "$OUT/trainer.jsonl" > "$OUT/$label.log" 2>&1 \
