@@ -37,6 +37,7 @@ from asyncrl.distributed.trainer_actor import TrainerActor
 from asyncrl.recipes.preflight import check_model_inputs
 from asyncrl.rewards import RewardExecutor
 from asyncrl.telemetry import Timeline, Tracker
+from asyncrl.train.worker import GPU_HOST_THREADS
 
 
 logger = logging.getLogger(__name__)
@@ -124,7 +125,8 @@ def num_rollout_replicas(config: AsyncRLConfig) -> int:
 
 
 def threads_per_worker(spec: PoolSpec, num_workers: int) -> int:
-    return 4 if spec.num_gpus_per_worker else max(1, (os.cpu_count() or 1) // num_workers)
+    """A GPU worker's host needs one intra-op thread (`GPU_HOST_THREADS`); CPU workers share the cores."""
+    return GPU_HOST_THREADS if spec.num_gpus_per_worker else max(1, (os.cpu_count() or 1) // num_workers)
 
 
 PORT_ATTEMPTS = 3

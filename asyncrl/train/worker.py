@@ -32,6 +32,12 @@ from asyncrl.train.optim import build_optimizer, build_scheduler
 from asyncrl.train.parallel import init_process_group, iter_full_tensors, iter_unit_tensors, is_unsharded, rank, shard_model
 from asyncrl.train.update_spec import CriticUpdateSpec, PolicyUpdateSpec
 
+# Intra-op threads of a GPU rank's host. Its CPU ops are bookkeeping on small tensors (selecting and packing
+# micro-batches, a few thousand elements); with a thread per core, on a 16-core H200 host such an op took 8 ms
+# instead of 0.1 ms whenever a pool thread was descheduled, in about half of the processes measured, which
+# doubled a graphed 0.5B update (0.55 vs 0.29 s; `benchmarks/trainer_host_stalls.py`).
+GPU_HOST_THREADS = 1
+
 
 def resolve_device(setting: str) -> torch.device:
     if setting == "cuda" or (setting == "auto" and torch.cuda.is_available()):
@@ -56,6 +62,7 @@ class TrainerWorker:
         self.param_dtype = compute_dtype(config.model.dtype, self.device)
         if self.device.type == "cuda":
             avoid_per_shape_attention_plans()  # micro-batch shapes change from one to the next
+            torch.set_num_threads(GPU_HOST_THREADS)
         torch.manual_seed(config.trainer.seed)
         self.rank = rank
         self.mesh = init_process_group(rank, world_size, master_addr, master_port, self.device)
