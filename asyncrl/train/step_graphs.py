@@ -21,6 +21,8 @@ host-to-device copy of pageable memory, the same shapes and Python values every 
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
@@ -29,6 +31,7 @@ import torch
 from asyncrl.train.packed_batch import PackedMicroBatch
 
 Outputs = TypeVar("Outputs")
+logger = logging.getLogger(__name__)
 
 
 class StepGraphs(Generic[Outputs]):
@@ -66,6 +69,7 @@ class StepGraphs(Generic[Outputs]):
         with torch.cuda.stream(self.warmup_stream):
             outputs = self.step(buffers, *constants)
         main.wait_stream(self.warmup_stream)
+        started = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, pool=self.pool):
@@ -76,4 +80,9 @@ class StepGraphs(Generic[Outputs]):
                 f"({error}); an operation in it synchronises with the host or is not capturable. Set "
                 f"actor.cuda_graphs=false to train without graphs") from error
         self.graphs[key] = (graph, captured)
+        # A run needs one graph per capacity it meets; this says how many, and what each costs to capture.
+        rows, width = buffers.response_mask.shape
+        logger.info("actor.cuda_graphs: captured update graph %d (%d packed tokens, %d rows x %d response columns, "
+                    "%d trained tokens) in %.2f s", self.num_graphs, buffers.num_tokens, rows, width,
+                    buffers.target_ids.shape[0], time.perf_counter() - started)
         return outputs
