@@ -1,6 +1,10 @@
 """The chunked LM head (log-probs and entropies without full logits) against the plain full-logits computation:
 outputs, gradients w.r.t. hidden states and weight (tied too), `response_log_probs` on a tiny model, and peak
-memory measured from the profiler's allocation events."""
+memory measured from the profiler's allocation events. The fused (Triton) kernels' tests need a GPU or the
+interpreter:
+
+    TRITON_INTERPRET=1 python -m pytest tests/train/test_lm_head.py -q     # CPU, with triton installed
+"""
 
 from __future__ import annotations
 
