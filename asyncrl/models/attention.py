@@ -176,13 +176,19 @@ class SelfAttention(nn.Module):
     def project(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """hidden (..., hidden) -> query (..., Hq, D), key and value (..., Hkv, D), after q/k norm and RoPE."""
         leading = hidden.shape[:-1]
-        if self.qkv_weight is None:
-            query, key, value = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
-        else:  # one matrix product instead of three (an inference engine's decode step is launch-bound)
-            fused = F.linear(hidden, self.qkv_weight, self.qkv_bias)
-            if not self.use_qk_norm:
-                return self._rotate_query_and_key_together(fused, cos, sin)
-            query, key, value = fused.split(self.projection_sizes, dim=-1)
+        # One matrix product instead of three, as the engine computes it (so both round alike). The engine stacks
+        # the weights once (`fuse_projections`); a trainer stacks them per call, a copy of (q + 2 kv) x hidden,
+        # and autograd splits the gradient back. That copy is cheap next to the narrow k/v products it replaces
+        # (N = 128 for Qwen2.5-0.5B), which run far below the GEMM peak, forward and backward.
+        weight, bias = self.qkv_weight, self.qkv_bias
+        if weight is None:
+            projections = (self.q_proj, self.k_proj, self.v_proj)
+            weight = torch.cat([projection.weight for projection in projections])
+            bias = None if self.q_proj.bias is None else torch.cat([projection.bias for projection in projections])
+        fused = F.linear(hidden, weight, bias)
+        if not self.use_qk_norm:
+            return self._rotate_query_and_key_together(fused, cos, sin)
+        query, key, value = fused.split(self.projection_sizes, dim=-1)
         query = query.view(*leading, self.num_heads, self.head_dim)  # (..., Hq, D)
         key = key.view(*leading, self.num_kv_heads, self.head_dim)  # (..., Hkv, D)
         value = value.view(*leading, self.num_kv_heads, self.head_dim)  # (..., Hkv, D)
