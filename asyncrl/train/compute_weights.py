@@ -27,7 +27,8 @@ from torch import Tensor, nn
 
 
 class ComputeWeights:
-    def __init__(self, model: nn.Module, dtype: Optional[torch.dtype]) -> None:
+    def __init__(self, model: nn.Module, dtype: Optional[torch.dtype], compile_accumulation: bool = False) -> None:
+        """`compile_accumulation` (CUDA, with `model.compile`) runs `accumulate` as compiled foreach kernels."""
         self.masters = list(model.parameters())  # unique: a tied LM head is the embedding's Parameter
         with torch.no_grad():
             self.copies = [master.detach().to(dtype or master.dtype, copy=True).requires_grad_(master.requires_grad)
@@ -38,6 +39,7 @@ class ComputeWeights:
                       for name, parameter in module._parameters.items() if parameter is not None]
         self.trainable = [copy for copy in self.copies if copy.requires_grad]
         self.trainable_masters = [master for master in self.masters if master.requires_grad]
+        self.add = _compiled_foreach_add if compile_accumulation else torch._foreach_add_
         self.zero_grads()
 
     def refresh(self) -> None:
@@ -62,7 +64,7 @@ class ComputeWeights:
                  if gradient is not None]
         if pairs:
             # Mixed dtypes: each add reads the compute-dtype gradient and sums in fp32, no fp32 copy of it.
-            torch._foreach_add_([grad for grad, _ in pairs], [gradient for _, gradient in pairs])
+            self.add([grad for grad, _ in pairs], [gradient for _, gradient in pairs])
 
     def zero_grads(self) -> None:
         """Allocates the masters' gradients where missing, and zeroes them in place."""
@@ -70,3 +72,14 @@ class ComputeWeights:
             if master.grad is None:
                 master.grad = torch.zeros_like(master)
         torch._foreach_zero_([master.grad for master in self.trainable_masters])
+
+
+def _foreach_add(accumulators: list[Tensor], values: list[Tensor]) -> None:
+    torch._foreach_add_(accumulators, values)
+
+
+# Eager, mixed-dtype foreach adds fall back to one unvectorised kernel per tensor: 21 ms of a 0.29 s 0.5B update
+# on an H200 (8 micro-batches x 290 parameters, ~1.9 TB/s). Inductor lowers the same call to foreach kernels that
+# add many tensors per launch with vectorised loads. Compiled once per list of shapes: in a graphed update that is
+# the first micro-batch of each capacity, the capture replays the kernels after.
+_compiled_foreach_add = torch.compile(_foreach_add, fullgraph=True, dynamic=False)

@@ -78,9 +78,12 @@ class TrainerWorker:
         graphed = self.config.actor.cuda_graphs
         model = self.load(self.config.model.path, "causal_lm", shard=not graphed)
         optimizer = build_optimizer(model, self.config.actor.optim)
+        compute_weights = ComputeWeights(
+            model, self.param_dtype, compile_accumulation=self.device.type == "cuda" and self.config.model.compile
+        ) if graphed else None
         return PolicyTrainer(model, optimizer, build_scheduler(optimizer, self.config.actor.optim, total_steps),
                              self.device, self.config.trainer.max_consecutive_nonfinite,
-                             compute_weights=ComputeWeights(model, self.param_dtype) if graphed else None)
+                             compute_weights=compute_weights)
 
     def build_reference(self) -> CausalLM:
         model = self.load(self.config.model.path, "causal_lm")

@@ -3,6 +3,8 @@ path, the compute copies of the masters, the config checks; on a GPU, graph repl
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -92,10 +94,13 @@ def test_packed_log_probs_entropies_and_gradients_equal_the_dense_forward(model_
         torch.testing.assert_close(gradient, dense_gradient, atol=1e-5, rtol=1e-5)
 
 
-def test_compute_weights_stand_in_for_the_masters_and_sum_their_gradients_in_fp32(model_path):
+# compiled: the CUDA path's accumulation through Inductor's foreach kernels (C++ on the CPU, needs a compiler).
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.skipif(
+    shutil.which("g++") is None and not torch.cuda.is_available(), reason="Inductor needs CUDA or a C++ compiler"))])
+def test_compute_weights_stand_in_for_the_masters_and_sum_their_gradients_in_fp32(model_path, compiled):
     model = load_model(model_path, dtype=torch.float32)  # tied embedding and LM head
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    weights = ComputeWeights(model, torch.bfloat16)
+    weights = ComputeWeights(model, torch.bfloat16, compile_accumulation=compiled)
     masters = dict(model.named_parameters())
     assert len(weights.copies) == len(masters) and all(copy.dtype == torch.bfloat16 for copy in weights.copies)
     ids = torch.tensor([[5, 9, 13, 2]])
