@@ -17,6 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from asyncrl.algos import entropy_from_logits
 from asyncrl.models import CausalLM, init_weights, tiny_config
+from asyncrl.train import lm_head
 from asyncrl.train.forward import dense_positions, response_log_probs
 from asyncrl.train.lm_head import accumulate_matmul, chunk_size_for_budget, even_chunks, token_log_probs_and_entropy
 
@@ -254,11 +255,14 @@ def test_fused_chunk_kernels_match_the_torch_chunk_math(with_entropy, vocab_size
 
 
 @needs_triton
+@pytest.mark.parametrize("store_logits", [True, False], ids=["stored", "recomputed"])
 @pytest.mark.parametrize("with_entropy", [True, False])
-def test_fused_lm_head_matches_the_torch_lm_head(with_entropy):
+def test_fused_lm_head_matches_the_torch_lm_head(with_entropy, store_logits, monkeypatch):
     """The whole chunked op with the fused kernels against the torch path: outputs and both gradients, with
     chunks of uneven token counts (bf16 on a GPU, float32 under the interpreter)."""
     dtype = torch.bfloat16 if FUSED_DEVICE == "cuda" else torch.float32
+    # The step's logits kept from forward to backward, or recomputed there per chunk (over the byte budget).
+    monkeypatch.setattr(lm_head, "STORED_LOGITS_BYTES", 2**40 if store_logits else 0)
     hidden, weight, target_ids, coefficients = random_inputs(torch.float32, 300, 64, 5000)
     hidden = hidden.detach().to(FUSED_DEVICE, dtype).requires_grad_()
     weight = weight.detach().to(FUSED_DEVICE, dtype).requires_grad_()
