@@ -5,6 +5,7 @@
     with weights.applied():                        # the model's parameters are the copies while inside
         loss = ...
     weights.accumulate(torch.autograd.grad(loss, weights.trainable))   # master.grad += grad, in fp32
+    weights.gradient_of(copy)                      # a master's fp32 gradient, for ops that add into it directly
 
 Why. A CUDA graph replays kernels on the addresses it captured. FSDP gathers its compute-dtype copies into
 fresh memory at every step, so a trainer rank that replays its micro-batch step from a graph (one rank,
@@ -57,6 +58,13 @@ class ComputeWeights:
         finally:
             for module, name, master, _ in self.slots:
                 module._parameters[name] = master
+
+    def gradient_of(self, copy: Tensor) -> Optional[Tensor]:
+        """The fp32 gradient of the master that `copy` stands in for (None when it does not train)."""
+        for _, _, master, slot_copy in self.slots:
+            if slot_copy is copy:
+                return master.grad
+        raise ValueError(f"not one of these compute copies: a tensor of shape {tuple(copy.shape)}")
 
     def accumulate(self, gradients: Sequence[Optional[Tensor]]) -> None:
         """master.grad += gradient (of the copy in `trainable` order), summed in fp32; None adds nothing."""

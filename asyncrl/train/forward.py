@@ -66,15 +66,16 @@ def response_log_probs(model: CausalLM, batch: TrainBatch, temperature: float, w
     return log_probs, token_entropy.new_zeros(shape).index_put((rows, columns), token_entropy)
 
 
-def packed_response_log_probs(model: CausalLM, packed: PackedMicroBatch,
-                              temperature: float) -> tuple[Tensor, Tensor]:
+def packed_response_log_probs(model: CausalLM, packed: PackedMicroBatch, temperature: float,
+                              head_grad_into: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """log-probs and entropies (rows, R) of a fixed-capacity packed micro-batch (`packed_batch.py`), 0 where no
-    token trains: the values `response_log_probs` gives for the same rows, from static shapes only."""
+    token trains: the values `response_log_probs` gives for the same rows, from static shapes only.
+    `head_grad_into`: the LM head's weight gradient is added there in fp32 (`token_log_probs_and_entropy`)."""
     attention = FixedCapacityPackedAttention(packed.starts, packed.positions, max_length=packed.num_tokens)
     hidden = model(packed.input_ids, packed.positions, attention=attention)  # (N, H)
     token_log_probs, token_entropy = token_log_probs_and_entropy(
         hidden.index_select(0, packed.predictor_index), model.lm_head.weight, packed.target_ids, temperature,
-        with_entropy=True, fused=fused_head(model, hidden))  # (M,) each
+        with_entropy=True, fused=fused_head(model, hidden), weight_grad_into=head_grad_into)  # (M,) each
     return scatter_to_grid(token_log_probs, packed), scatter_to_grid(token_entropy, packed)
 
 

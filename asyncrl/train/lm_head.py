@@ -51,14 +51,18 @@ def even_chunks(num_tokens: int, chunk_size: int) -> list[tuple[int, int]]:
 
 
 def token_log_probs_and_entropy(hidden: Tensor, weight: Tensor, target_ids: Tensor, temperature: float,
-                                with_entropy: bool, chunk_size: Optional[int] = None,
-                                fused: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+                                with_entropy: bool, chunk_size: Optional[int] = None, fused: bool = False,
+                                weight_grad_into: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
     """log softmax(W h / T)[y] (N,) and, if asked, the entropy of softmax(W h / T) (N,); both differentiable.
 
     hidden (N, H) and weight (V, H) share a dtype; target_ids (N,) int64. Outputs are float32 (float64 for
     float64 input). `chunk_size` None picks it from `LOGITS_CHUNK_BYTES`. `fused` runs each chunk's softmax
     math in the Triton kernels of `triton_lm_head.py` (CUDA, or Triton's interpreter; not float64), and keeps the
     logits for backward when a gradient will be taken and they fit in `STORED_LOGITS_BYTES`.
+
+    `weight_grad_into` (a float32 tensor of the weight's shape, e.g. the fp32 master's gradient) makes backward add
+    the weight's gradient into it, summed in fp32, and give the weight none: no (V, H) gradient is allocated,
+    rounded to the weight's dtype and summed with a tied embedding's by autograd.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
@@ -71,6 +75,10 @@ def token_log_probs_and_entropy(hidden: Tensor, weight: Tensor, target_ids: Tens
         raise ValueError(f"temperature must be positive, got {temperature}")
     if fused and hidden.dtype == torch.float64:
         raise ValueError("the fused LM-head kernels compute in float32; float64 needs fused=False")
+    if weight_grad_into is not None and (weight_grad_into.shape != weight.shape
+                                         or weight_grad_into.dtype != _softmax_dtype(weight.dtype)):
+        raise ValueError(f"weight_grad_into must be {_softmax_dtype(weight.dtype)} of shape {tuple(weight.shape)}, "
+                         f"got {weight_grad_into.dtype} of shape {tuple(weight_grad_into.shape)}")
     if chunk_size is None:
         chunk_size = chunk_size_for_budget(weight.shape[0], item_size=hidden.element_size() if fused else 4)
     if chunk_size <= 0:
@@ -79,7 +87,7 @@ def token_log_probs_and_entropy(hidden: Tensor, weight: Tensor, target_ids: Tens
     store_logits = (fused and needs_backward
                     and hidden.shape[0] * weight.shape[0] * hidden.element_size() <= STORED_LOGITS_BYTES)
     outputs = ChunkedLogProbEntropy.apply(hidden, weight, target_ids, float(temperature), chunk_size, with_entropy,
-                                          fused, store_logits)
+                                          fused, store_logits, weight_grad_into)
     return (outputs[0], outputs[1]) if with_entropy else (outputs, None)
 
 
@@ -88,7 +96,7 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target_ids: Tensor, temperature: float, chunk_size: int,
-                with_entropy: bool, fused: bool, store_logits: bool):
+                with_entropy: bool, fused: bool, store_logits: bool, weight_grad_into: Optional[Tensor]):
         num_tokens = hidden.shape[0]
         softmax_dtype = _softmax_dtype(hidden.dtype)
         log_probs = torch.empty(num_tokens, dtype=softmax_dtype, device=hidden.device)
@@ -111,6 +119,7 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
         ctx.fused = fused
+        ctx.weight_grad_into = weight_grad_into  # not saved: backward adds into it in place
         ctx.save_for_backward(hidden, weight, target_ids, lse, entropy, stored)
         return (log_probs, entropy) if with_entropy else log_probs
 
@@ -123,9 +132,14 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
         if grad_log_probs is None:  # only the entropy reaches the loss
             grad_log_probs = torch.zeros(num_tokens, dtype=_softmax_dtype(hidden.dtype), device=hidden.device)
         grad_hidden = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if needs_hidden else None
-        # Always a tensor (zeros without tokens): under FSDP every rank must reduce the same set of gradients.
-        grad_weight = torch.zeros(weight.shape, dtype=_softmax_dtype(weight.dtype),
-                                  device=weight.device) if needs_weight else None
+        into = ctx.weight_grad_into
+        if into is not None:
+            grad_weight = into
+        elif needs_weight:
+            # Always a tensor (zeros without tokens): under FSDP every rank must reduce the same set of gradients.
+            grad_weight = torch.zeros(weight.shape, dtype=_softmax_dtype(weight.dtype), device=weight.device)
+        else:
+            grad_weight = None
         gradient = _fused_kernels()[1] if ctx.fused else chunk_grad_logits
         for start, end in even_chunks(num_tokens, ctx.chunk_size):
             chunk_hidden = hidden[start:end]
@@ -138,11 +152,13 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
             del logits
             if needs_hidden:
                 torch.mm(grad_logits, weight, out=grad_hidden[start:end])
-            if needs_weight:
+            if grad_weight is not None:
                 accumulate_matmul(grad_weight, grad_logits.t(), chunk_hidden)
-        if needs_weight:
+        if into is not None:
+            grad_weight = None  # added where the caller asked
+        elif needs_weight:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None
 
 
 def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:

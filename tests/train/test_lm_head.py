@@ -282,6 +282,31 @@ def test_fused_lm_head_matches_the_torch_lm_head(with_entropy, store_logits, mon
         assert (eager.float() - fused.float()).abs().max().item() <= tolerance * max(scale, 1.0)
 
 
+@pytest.mark.parametrize("with_entropy", [True, False])
+def test_weight_gradient_is_added_where_asked_and_not_returned(with_entropy):
+    """`weight_grad_into`: the LM head's weight gradient lands in the given fp32 tensor, on top of what it held,
+    and autograd gets none for the weight from this op (a tied use elsewhere still gets its own)."""
+    hidden, weight, target_ids, coefficients = random_inputs(torch.float32, 40, 16, 300)
+
+    def loss_of(log_probs, entropy):
+        loss = (coefficients[0] * log_probs).sum()
+        return loss + (coefficients[1] * entropy).sum() if with_entropy else loss
+
+    expected_hidden, expected_weight = torch.autograd.grad(
+        loss_of(*token_log_probs_and_entropy(hidden, weight, target_ids, 0.7, with_entropy, chunk_size=16)),
+        [hidden, weight])
+    into = torch.full(weight.shape, 0.25)
+    log_probs, entropy = token_log_probs_and_entropy(hidden, weight, target_ids, 0.7, with_entropy, chunk_size=16,
+                                                     weight_grad_into=into)
+    tied_use = (weight * 3.0).sum()  # as an embedding's: its gradient (3 everywhere) still reaches the weight
+    grad_hidden, grad_weight = torch.autograd.grad(loss_of(log_probs, entropy) + tied_use, [hidden, weight])
+    torch.testing.assert_close(grad_hidden, expected_hidden, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(grad_weight, torch.full(weight.shape, 3.0))
+    torch.testing.assert_close(into, expected_weight + 0.25, atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="weight_grad_into must be"):
+        token_log_probs_and_entropy(hidden, weight, target_ids, 0.7, with_entropy, weight_grad_into=into[:, :3])
+
+
 def test_even_chunks_split_tokens_into_the_fewest_near_equal_chunks():
     assert even_chunks(3584, 1766) == [(0, 1194), (1194, 2389), (2389, 3584)]
     assert even_chunks(10, 10) == [(0, 10)]
