@@ -88,6 +88,6 @@ def _foreach_add(accumulators: list[Tensor], values: list[Tensor]) -> None:
 
 # Eager, mixed-dtype foreach adds fall back to one unvectorised kernel per tensor: 21 ms of a 0.29 s 0.5B update
 # on an H200 (8 micro-batches x 290 parameters, ~1.9 TB/s). Inductor lowers the same call to foreach kernels that
-# add many tensors per launch with vectorised loads. Compiled once per list of shapes: in a graphed update that is
-# the first micro-batch of each capacity, the capture replays the kernels after.
+# add many tensors per launch with vectorised loads. It compiles at its first call (every later call passes the same
+# parameters' gradients); a captured step replays its kernels.
 _compiled_foreach_add = torch.compile(_foreach_add, fullgraph=True, dynamic=False)

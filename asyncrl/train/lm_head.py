@@ -5,8 +5,9 @@
 
 A vocabulary of 150k tokens makes the (N, V) float32 logits, their log-softmax and the entropy intermediates
 the largest tensors of a training step, and autograd would keep them all for backward. Here only one chunk of
-`chunk_size` tokens has logits at a time; backward recomputes each chunk's logits (one more LM-head matmul)
-instead of storing them, from the forward's logsumexp. Matmuls run in the input dtype (bf16 on GPU, as
+`chunk_size` tokens has softmax intermediates at a time, and backward works from the forward's logsumexp. It
+recomputes each chunk's logits (one more LM-head matmul), except on the fused path when the step's logits fit in
+`STORED_LOGITS_BYTES`: those are kept from forward instead. Matmuls run in the input dtype (bf16 on GPU, as
 `CausalLM.compute_logits`), the softmax math in float32 (float64 for float64 input). On CUDA (`fused`) the
 softmax math is two Triton kernels of one pass over the chunk's logits each (`triton_lm_head.py`).
 
