@@ -3,29 +3,17 @@
     python benchmarks/lm_head_kernels.py [--tokens 1195] [--vocab 151936]
 
 Floors: the statistics read the (c, V) bf16 logits once; the gradient reads and writes them once. Times are
-CUDA-event medians of 20 runs after warm-up; GB/s counts those floor bytes.
+per replay of a CUDA graph of each call (`graph_replay_ms`, as the benchmarks under `benchmarks/` time kernels),
+so launch overhead stays out; GB/s counts those floor bytes.
 """
 
 import argparse
 
 import torch
 
+from asyncrl.bench.graph_timing import graph_replay_ms
 from asyncrl.train.lm_head import chunk_grad_logits, chunk_statistics
 from asyncrl.train.triton_lm_head import fused_chunk_grad_logits_, fused_chunk_statistics
-
-
-def timed(function, repeats: int = 20) -> float:
-    for _ in range(3):
-        function()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        function()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:
@@ -49,7 +37,7 @@ def main() -> None:
     }
     print(f"{options.tokens} x {options.vocab} bf16 logits ({nbytes / 1e6:.0f} MB)")
     for name, (function, floor_bytes) in cases.items():
-        seconds = timed(function)
+        seconds = graph_replay_ms(function, replays=20) / 1e3
         print(f"{name:28s} {seconds * 1e6:9.1f} us  {floor_bytes / seconds / 1e9:7.0f} GB/s of the floor's bytes")
 
 

@@ -29,12 +29,14 @@ from torch import Tensor, nn
 
 class ComputeWeights:
     def __init__(self, model: nn.Module, dtype: Optional[torch.dtype], compile_accumulation: bool = False) -> None:
-        """`compile_accumulation` (CUDA, with `model.compile`) runs `accumulate` as compiled foreach kernels."""
+        """`compile_accumulation` (a model whose layers are compiled: CUDA) runs `accumulate` as compiled foreach
+        kernels."""
         self.masters = list(model.parameters())  # unique: a tied LM head is the embedding's Parameter
         with torch.no_grad():
             self.copies = [master.detach().to(dtype or master.dtype, copy=True).requires_grad_(master.requires_grad)
                            for master in self.masters]
         copy_of = {id(master): copy for master, copy in zip(self.masters, self.copies)}
+        self.master_of = {id(copy): master for master, copy in zip(self.masters, self.copies)}
         # Every (module, name) slot holding a master, tied slots included, with the copy that replaces it.
         self.slots = [(module, name, parameter, copy_of[id(parameter)]) for module in model.modules()
                       for name, parameter in module._parameters.items() if parameter is not None]
@@ -61,10 +63,10 @@ class ComputeWeights:
 
     def gradient_of(self, copy: Tensor) -> Optional[Tensor]:
         """The fp32 gradient of the master that `copy` stands in for (None when it does not train)."""
-        for _, _, master, slot_copy in self.slots:
-            if slot_copy is copy:
-                return master.grad
-        raise ValueError(f"not one of these compute copies: a tensor of shape {tuple(copy.shape)}")
+        master = self.master_of.get(id(copy))
+        if master is None:
+            raise ValueError(f"not one of these compute copies: a tensor of shape {tuple(copy.shape)}")
+        return master.grad
 
     def accumulate(self, gradients: Sequence[Optional[Tensor]]) -> None:
         """master.grad += gradient (of the copy in `trainable` order), summed in fp32; None adds nothing."""

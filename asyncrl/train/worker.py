@@ -78,9 +78,8 @@ class TrainerWorker:
         graphed = self.config.actor.cuda_graphs
         model = self.load(self.config.model.path, "causal_lm", shard=not graphed)
         optimizer = build_optimizer(model, self.config.actor.optim)
-        compute_weights = ComputeWeights(
-            model, self.param_dtype, compile_accumulation=self.device.type == "cuda" and self.config.model.compile
-        ) if graphed else None
+        compute_weights = ComputeWeights(model, self.param_dtype,
+                                         compile_accumulation=model.is_compiled) if graphed else None
         return PolicyTrainer(model, optimizer, build_scheduler(optimizer, self.config.actor.optim, total_steps),
                              self.device, self.config.trainer.max_consecutive_nonfinite,
                              compute_weights=compute_weights)
