@@ -12,7 +12,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 240 python3 -m pytest -q tests/train/test_packed_step.py tests/train/test_lm_head.py tests/algos/test_cuda.py \
+timeout 420 python3 -m pytest -q tests/train/test_packed_step.py tests/train/test_lm_head.py tests/algos/test_cuda.py \
   > "$OUT/tests.log" 2>&1
 tail -3 "$OUT/tests.log"
 timeout 60 python3 benchmarks/lm_head_kernels.py 2>&1 | tail -8

@@ -59,7 +59,8 @@ def token_log_probs_and_entropy(hidden: Tensor, weight: Tensor, target_ids: Tens
     hidden (N, H) and weight (V, H) share a dtype; target_ids (N,) int64. Outputs are float32 (float64 for
     float64 input). `chunk_size` None picks it from `LOGITS_CHUNK_BYTES`. `fused` runs each chunk's softmax
     math in the Triton kernels of `triton_lm_head.py` (CUDA, or Triton's interpreter; not float64), and keeps the
-    logits for backward when a gradient will be taken and they fit in `STORED_LOGITS_BYTES`.
+    logits for backward when a gradient will be taken and they fit in `STORED_LOGITS_BYTES`; then `chunk_size`
+    None makes all tokens one chunk.
 
     `weight_grad_into` (a float32 tensor of the weight's shape, e.g. the fp32 master's gradient) makes backward add
     the weight's gradient into it, summed in fp32, and give the weight none: no (V, H) gradient is allocated,
@@ -80,13 +81,17 @@ def token_log_probs_and_entropy(hidden: Tensor, weight: Tensor, target_ids: Tens
                                          or weight_grad_into.dtype != _softmax_dtype(weight.dtype)):
         raise ValueError(f"weight_grad_into must be {_softmax_dtype(weight.dtype)} of shape {tuple(weight.shape)}, "
                          f"got {weight_grad_into.dtype} of shape {tuple(weight_grad_into.shape)}")
-    if chunk_size is None:
-        chunk_size = chunk_size_for_budget(weight.shape[0], item_size=hidden.element_size() if fused else 4)
-    if chunk_size <= 0:
+    if chunk_size is not None and chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     needs_backward = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     store_logits = (fused and needs_backward
                     and hidden.shape[0] * weight.shape[0] * hidden.element_size() <= STORED_LOGITS_BYTES)
+    if chunk_size is None and store_logits:
+        # The whole (N, V) buffer exists anyway and the fused kernels need no other: one matmul each way instead
+        # of one per chunk, so the float32 (V, H) weight gradient is read and written once, not once per chunk.
+        chunk_size = max(1, hidden.shape[0])
+    elif chunk_size is None:
+        chunk_size = chunk_size_for_budget(weight.shape[0], item_size=hidden.element_size() if fused else 4)
     outputs = ChunkedLogProbEntropy.apply(hidden, weight, target_ids, float(temperature), chunk_size, with_entropy,
                                           fused, store_logits, weight_grad_into)
     return (outputs[0], outputs[1]) if with_entropy else (outputs, None)

@@ -255,11 +255,13 @@ def test_fused_chunk_kernels_match_the_torch_chunk_math(with_entropy, vocab_size
 
 
 @needs_triton
+@pytest.mark.parametrize("chunk_size", [128, None], ids=["chunks", "default"])
 @pytest.mark.parametrize("store_logits", [True, False], ids=["stored", "recomputed"])
 @pytest.mark.parametrize("with_entropy", [True, False])
-def test_fused_lm_head_matches_the_torch_lm_head(with_entropy, store_logits, monkeypatch):
+def test_fused_lm_head_matches_the_torch_lm_head(with_entropy, store_logits, chunk_size, monkeypatch):
     """The whole chunked op with the fused kernels against the torch path: outputs and both gradients, with
-    chunks of uneven token counts (bf16 on a GPU, float32 under the interpreter)."""
+    chunks of uneven token counts (bf16 on a GPU, float32 under the interpreter). With the default chunk size
+    and stored logits the fused op makes all tokens one chunk; the torch path keeps its byte budget."""
     dtype = torch.bfloat16 if FUSED_DEVICE == "cuda" else torch.float32
     # The step's logits kept from forward to backward, or recomputed there per chunk (over the byte budget).
     monkeypatch.setattr(lm_head, "STORED_LOGITS_BYTES", 2**40 if store_logits else 0)
@@ -268,16 +270,26 @@ def test_fused_lm_head_matches_the_torch_lm_head(with_entropy, store_logits, mon
     weight = weight.detach().to(FUSED_DEVICE, dtype).requires_grad_()
     target_ids, coefficients = target_ids.to(FUSED_DEVICE), coefficients.to(FUSED_DEVICE, torch.float32)
 
+    monkeypatch.setattr(lm_head, "chunk_size_for_budget", lambda *args, **kwargs: 100)  # the byte budget's
+    splits = []
+    monkeypatch.setattr(lm_head, "even_chunks", lambda *args: splits.append(args) or even_chunks(*args))
+
     def run(fused):
         log_probs, entropy = token_log_probs_and_entropy(hidden, weight, target_ids, 0.7, with_entropy,
-                                                         chunk_size=128, fused=fused)
+                                                         chunk_size=chunk_size, fused=fused)
         loss = (coefficients[0] * log_probs).sum()
         if with_entropy:
             loss = loss + (coefficients[1] * entropy).sum()
         return (log_probs, *torch.autograd.grad(loss, [hidden, weight]))
 
     tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5
-    for eager, fused in zip(run(False), run(True)):
+    eager_results = run(False)
+    eager_splits, splits[:] = splits[:], []
+    fused_results = run(True)
+    one_chunk = chunk_size is None and store_logits
+    assert {size for _, size in eager_splits} == {chunk_size or 100}
+    assert {size for _, size in splits} == ({300} if one_chunk else {chunk_size or 100})
+    for eager, fused in zip(eager_results, fused_results):
         scale = eager.float().abs().max().item()
         assert (eager.float() - fused.float()).abs().max().item() <= tolerance * max(scale, 1.0)
 
