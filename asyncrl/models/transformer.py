@@ -92,10 +92,16 @@ class TransformerModel(nn.Module):
         # Recompute each layer's activations in backward instead of storing them (trainer memory saver).
         self.gradient_checkpointing = False
 
-    def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionBackend | None = None) -> Tensor:
-        """input_ids/positions (B, T) with attention None, or (N,) with a backend -> hidden (..., hidden)."""
+    def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionBackend | None = None,
+                inputs_embeds: Tensor | None = None) -> Tensor:
+        """input_ids/positions (B, T) with attention None, or (N,) with a backend -> hidden (..., hidden).
+        `inputs_embeds` (..., hidden), as in HF: the token embeddings, looked up by the caller (the trainer's
+        packed step, which adds the embedding's gradient into its fp32 master itself)."""
         _check_layout(input_ids, positions, attention)
-        hidden, cos, sin = self.embed(input_ids, positions)
+        if inputs_embeds is None:
+            hidden, cos, sin = self.embed(input_ids, positions)
+        else:
+            hidden, (cos, sin) = inputs_embeds, self.rotary_emb(positions, inputs_embeds.dtype)
         if attention is not None:  # the engine's path: each layer's MLP add waits for the next layer's norm
             update = None
             for layer in self.layers:
@@ -161,9 +167,10 @@ class CausalLM(nn.Module):
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         self.model.gradient_checkpointing = enabled
 
-    def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionBackend | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionBackend | None = None,
+                inputs_embeds: Tensor | None = None) -> Tensor:
         """Final-normed hidden states (B, T, hidden) or (N, hidden); see `compute_logits`."""
-        return self.model(input_ids, positions, attention)
+        return self.model(input_ids, positions, attention, inputs_embeds)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden (..., hidden) -> logits (..., V) in fp32 (the matmul runs in the model dtype, like HF)."""

@@ -131,10 +131,11 @@ class PolicyTrainer:
         Capturable: static shapes, no host synchronisation."""
         weights = self.compute_weights
         with weights.applied():
-            # The LM head adds its weight gradient straight into the master's: for a tied embedding no bf16
-            # (V, H) gradient is rounded, summed with the embedding's and accumulated.
+            # The LM head and the embedding add their weight gradients straight into the masters': no bf16
+            # (V, H) gradient is zeroed, rounded, summed between a tied pair and accumulated.
             log_probs, entropy = packed_response_log_probs(
-                self.model, packed, spec.temperature, head_grad_into=weights.gradient_of(self.model.lm_head.weight))
+                self.model, packed, spec.temperature, head_grad_into=weights.gradient_of(self.model.lm_head.weight),
+                embedding_grad_into=weights.gradient_of(self.model.model.embed_tokens.weight))
         terms = policy_loss_terms(log_probs, entropy, packed, spec, packed.counts[0], packed.counts[1])
         weights.accumulate(torch.autograd.grad(terms.loss, weights.trainable, allow_unused=True))
         return terms.metrics.detached()

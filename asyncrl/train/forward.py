@@ -15,6 +15,7 @@ from torch import Tensor
 
 from asyncrl.models import CausalLM, FixedCapacityPackedAttention, ValueModel
 from asyncrl.train.batch import TrainBatch, move_tensor
+from asyncrl.train.embedding_lookup import embedding_rows
 from asyncrl.train.lm_head import token_log_probs_and_entropy
 from asyncrl.train.micro_batches import micro_batches, scatter_rows
 from asyncrl.train.packed_batch import PackedMicroBatch, scatter_to_grid
@@ -67,12 +68,16 @@ def response_log_probs(model: CausalLM, batch: TrainBatch, temperature: float, w
 
 
 def packed_response_log_probs(model: CausalLM, packed: PackedMicroBatch, temperature: float,
-                              head_grad_into: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                              head_grad_into: Optional[Tensor] = None,
+                              embedding_grad_into: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """log-probs and entropies (rows, R) of a fixed-capacity packed micro-batch (`packed_batch.py`), 0 where no
     token trains: the values `response_log_probs` gives for the same rows, from static shapes only.
-    `head_grad_into`: the LM head's weight gradient is added there in fp32 (`token_log_probs_and_entropy`)."""
+    `head_grad_into` / `embedding_grad_into`: the LM head's / the embedding's weight gradient is added there in
+    fp32 instead of returned (`token_log_probs_and_entropy`, `embedding_rows`); one tensor for a tied pair."""
     attention = FixedCapacityPackedAttention(packed.starts, packed.positions, max_length=packed.num_tokens)
-    hidden = model(packed.input_ids, packed.positions, attention=attention)  # (N, H)
+    embeddings = None if embedding_grad_into is None else embedding_rows(
+        model.model.embed_tokens.weight, packed.input_ids, embedding_grad_into)  # (N, H)
+    hidden = model(packed.input_ids, packed.positions, attention=attention, inputs_embeds=embeddings)  # (N, H)
     token_log_probs, token_entropy = token_log_probs_and_entropy(
         hidden.index_select(0, packed.predictor_index), model.lm_head.weight, packed.target_ids, temperature,
         with_entropy=True, fused=fused_head(model, hidden), weight_grad_into=head_grad_into)  # (M,) each
