@@ -91,9 +91,8 @@ class PolicyTrainer:
                 (loss * world_size()).backward()
             else:
                 self.replay_step(micro, spec, num_tokens, num_seqs).record(sums)
-        grad_norm = clip_gradients(self.model, spec.grad_clip)
+        grad_norm = self.guard.step(self.optimizer, clip_gradients(self.model, spec.grad_clip))
         sums.add_step_value("grad_norm", grad_norm)
-        self.guard.step(self.optimizer, grad_norm)
         if self.compute_weights is None:
             self.optimizer.zero_grad(set_to_none=True)  # frees the gradients until the next step
 

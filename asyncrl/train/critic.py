@@ -67,7 +67,6 @@ class CriticTrainer:
             (loss * world_size()).backward()
             sums.add("vf_loss", loss)
             sums.add_token_mean("vf_clipfrac", loss_metrics["vf_clipfrac"], micro.response_mask.sum())
-        grad_norm = clip_gradients(self.model, spec.grad_clip)
+        grad_norm = self.guard.step(self.optimizer, clip_gradients(self.model, spec.grad_clip))
         sums.add_step_value("grad_norm", grad_norm)
-        self.guard.step(self.optimizer, grad_norm)
         self.optimizer.zero_grad(set_to_none=True)

@@ -178,20 +178,21 @@ def local_shard(parameter: Tensor) -> Tensor:
     return parameter.to_local() if isinstance(parameter, DTensor) else parameter
 
 
-def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
-    """Global L2 norm of the gradients before clipping; when max_norm > 0 and the norm exceeds it, scales
-    every gradient by max_norm / (norm + 1e-6), as `torch.nn.utils.clip_grad_norm_` does.
+def clip_gradients(model: torch.nn.Module, max_norm: float) -> Tensor:
+    """Global L2 norm of the gradients before clipping (a 0-dim tensor on their device, not read back: the
+    optimizer step can be queued before the host waits for it); when max_norm > 0 and the norm exceeds it,
+    scales every gradient by max_norm / (norm + 1e-6), as `torch.nn.utils.clip_grad_norm_` does.
 
     Computed on each rank's own shards, one all-reduce of the squared norm between ranks: torch's version on
     FSDP's DTensor gradients runs every per-tensor op through DTensor's sharding propagation, a fifth of a
     24-layer model's update in host time (`benchmarks/trainer_host_overhead.py`)."""
     gradients = [local_shard(p.grad) for p in model.parameters() if p.grad is not None]
     if not gradients:
-        return 0.0
+        return torch.zeros(())
     squared = torch.nn.utils.get_total_norm(gradients).square()
     if world_size() > 1:
         dist.all_reduce(squared)
     norm = squared.sqrt()
     if max_norm > 0:
         torch._foreach_mul_(gradients, (max_norm / (norm + 1e-6)).clamp(max=1.0))
-    return float(norm)
+    return norm

@@ -268,7 +268,7 @@ def clipped_gradients(rank, world_size, port, model_path, max_norm):
     token_index = response_token_index(batch.response_mask)
     worker.actor.micro_batch_loss(batch, token_index, spec, 40.0, 12.0, MetricSums()).backward()
     before = {name: p.grad.full_tensor().clone().numpy() for name, p in model.named_parameters()}
-    norm = clip_gradients(model, max_norm)
+    norm = float(clip_gradients(model, max_norm))
     after = {name: p.grad.full_tensor().clone().numpy() for name, p in model.named_parameters()}
     return before, norm, after
 
