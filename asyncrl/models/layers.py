@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from asyncrl.models.linear_into import linear_into
 
 
 class RMSNorm(nn.Module):
@@ -27,6 +31,13 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(input_dtype)
 
 
+class MLPGradients(NamedTuple):
+    """Where `SwiGLU`'s backward adds its weights' gradients (float32, each its weight's shape)."""
+    gate: Tensor
+    up: Tensor
+    down: Tensor
+
+
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)); parameter names match HF's `mlp.{gate,up,down}_proj`."""
 
@@ -39,7 +50,13 @@ class SwiGLU(nn.Module):
         # gate/up Parameters are views into it.
         self.gate_up_weight: Tensor | None = None
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, grads_into: MLPGradients | None = None) -> Tensor:
+        """`grads_into`: float32 tensors that backward adds the three weights' gradients into (`linear_into`)
+        instead of returning them (the trainer's graphed step, into the fp32 masters)."""
+        if grads_into is not None:
+            return linear_into(F.silu(linear_into(x, self.gate_proj.weight, grads_into.gate))
+                               * linear_into(x, self.up_proj.weight, grads_into.up),
+                               self.down_proj.weight, grads_into.down)
         if self.gate_up_weight is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)

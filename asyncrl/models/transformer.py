@@ -14,12 +14,14 @@ without materialising (B, T, V) at once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from asyncrl.models.attention import AttentionBackend, SelfAttention
-from asyncrl.models.layers import RMSNorm, SwiGLU
+from asyncrl.models.layers import MLPGradients, RMSNorm, SwiGLU
 from asyncrl.models.model_config import TransformerConfig
 from asyncrl.models.rope import RotaryEmbedding
 
@@ -47,11 +49,12 @@ class DecoderLayer(nn.Module):
                                                                                                 None)))
 
     def paged_forward(self, hidden: Tensor, update: Tensor | None, cos: Tensor, sin: Tensor,
-                      attention: AttentionBackend) -> tuple[Tensor, Tensor]:
+                      attention: AttentionBackend, mlp_grads_into: MLPGradients | None = None) -> tuple[Tensor, Tensor]:
         """The layer with an attention backend, its residual adds deferred: takes the stream and the previous
-        layer's pending MLP output (None: none), returns the stream and this layer's MLP output."""
+        layer's pending MLP output (None: none), returns the stream and this layer's MLP output.
+        `mlp_grads_into`: see `SwiGLU.forward`."""
         hidden, query, key, value = self.attention_inputs(hidden, update, cos, sin)
-        return self.attention_outputs(hidden, self.self_attn.attend(query, key, value, attention))
+        return self.attention_outputs(hidden, self.self_attn.attend(query, key, value, attention), mlp_grads_into)
 
     # With an attention backend the layer is split around the attention kernel, so that
     # `compile_decoder_layers` can compile the two halves (norms, projections, rotary, activation, residual
@@ -65,10 +68,11 @@ class DecoderLayer(nn.Module):
             hidden = residual_add(hidden, update)
         return (hidden, *self.self_attn.project(self.input_layernorm(hidden), cos, sin))
 
-    def attention_outputs(self, hidden: Tensor, attended: Tensor) -> tuple[Tensor, Tensor]:
+    def attention_outputs(self, hidden: Tensor, attended: Tensor,
+                          mlp_grads_into: MLPGradients | None = None) -> tuple[Tensor, Tensor]:
         """The stream after attention (attended heads (..., Hq * D)) and the MLP's output, not yet added."""
         hidden = residual_add(hidden, self.self_attn.o_proj(attended))
-        return hidden, self.mlp(self.post_attention_layernorm(hidden))
+        return hidden, self.mlp(self.post_attention_layernorm(hidden), mlp_grads_into)
 
 
 def residual_add(hidden: Tensor, update: Tensor) -> Tensor:
@@ -93,10 +97,15 @@ class TransformerModel(nn.Module):
         self.gradient_checkpointing = False
 
     def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionBackend | None = None,
-                inputs_embeds: Tensor | None = None) -> Tensor:
+                inputs_embeds: Tensor | None = None,
+                mlp_grads_into: Sequence[MLPGradients | None] | None = None) -> Tensor:
         """input_ids/positions (B, T) with attention None, or (N,) with a backend -> hidden (..., hidden).
         `inputs_embeds` (..., hidden), as in HF: the token embeddings, looked up by the caller (the trainer's
-        packed step, which adds the embedding's gradient into its fp32 master itself)."""
+        packed step, which adds the embedding's gradient into its fp32 master itself). `mlp_grads_into` (with
+        a backend): per layer, where its MLP's backward adds the weights' gradients (`SwiGLU.forward`)."""
+        if mlp_grads_into is not None and (attention is None or len(mlp_grads_into) != len(self.layers)):
+            raise ValueError(f"mlp_grads_into needs an attention backend and one entry per layer "
+                             f"({len(self.layers)}), got {len(mlp_grads_into)}")
         _check_layout(input_ids, positions, attention)
         if inputs_embeds is None:
             hidden, cos, sin = self.embed(input_ids, positions)
@@ -104,8 +113,9 @@ class TransformerModel(nn.Module):
             hidden, (cos, sin) = inputs_embeds, self.rotary_emb(positions, inputs_embeds.dtype)
         if attention is not None:  # the engine's path: each layer's MLP add waits for the next layer's norm
             update = None
-            for layer in self.layers:
-                hidden, update = layer.paged_forward(hidden, update, cos, sin, attention)
+            for index, layer in enumerate(self.layers):
+                hidden, update = layer.paged_forward(hidden, update, cos, sin, attention,
+                                                     None if mlp_grads_into is None else mlp_grads_into[index])
             return self.final_norm(hidden, update)
         use_checkpoint = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layers:
@@ -168,9 +178,11 @@ class CausalLM(nn.Module):
         self.model.gradient_checkpointing = enabled
 
     def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionBackend | None = None,
-                inputs_embeds: Tensor | None = None) -> Tensor:
-        """Final-normed hidden states (B, T, hidden) or (N, hidden); see `compute_logits`."""
-        return self.model(input_ids, positions, attention, inputs_embeds)
+                inputs_embeds: Tensor | None = None,
+                mlp_grads_into: Sequence[MLPGradients | None] | None = None) -> Tensor:
+        """Final-normed hidden states (B, T, hidden) or (N, hidden); see `compute_logits` and
+        `TransformerModel.forward`."""
+        return self.model(input_ids, positions, attention, inputs_embeds, mlp_grads_into)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden (..., hidden) -> logits (..., V) in fp32 (the matmul runs in the model dtype, like HF)."""

@@ -22,7 +22,8 @@ from asyncrl.algos import count_sequences
 from asyncrl.models import CausalLM
 from asyncrl.train.batch import TrainBatch
 from asyncrl.train.compute_weights import ComputeWeights
-from asyncrl.train.forward import batched_log_probs, packed_response_log_probs, response_log_probs, with_token_index
+from asyncrl.train.forward import (GradientTargets, batched_log_probs, packed_response_log_probs, response_log_probs,
+                                   with_token_index)
 from asyncrl.train.metric_sums import MetricSums
 from asyncrl.train.micro_batches import micro_batches
 from asyncrl.train.mini_batches import mini_batch_plan
@@ -130,11 +131,10 @@ class PolicyTrainer:
         Capturable: static shapes, no host synchronisation."""
         weights = self.compute_weights
         with weights.applied():
-            # The LM head and the embedding add their weight gradients straight into the masters': no bf16
-            # (V, H) gradient is zeroed, rounded, summed between a tied pair and accumulated.
+            # The LM head, the embedding and the MLPs add their weight gradients straight into the masters': no
+            # bf16 gradient of theirs is written, read back and accumulated (the (V, H) ones also zeroed first).
             log_probs, entropy = packed_response_log_probs(
-                self.model, packed, spec.temperature, head_grad_into=weights.gradient_of(self.model.lm_head.weight),
-                embedding_grad_into=weights.gradient_of(self.model.model.embed_tokens.weight))
+                self.model, packed, spec.temperature, GradientTargets.of(self.model, weights.gradient_of))
         terms = policy_loss_terms(log_probs, entropy, packed, spec, packed.counts[0], packed.counts[1])
         weights.accumulate(torch.autograd.grad(terms.loss, weights.trainable, allow_unused=True))
         return terms.metrics.detached()

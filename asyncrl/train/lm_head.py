@@ -26,6 +26,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from asyncrl.models.linear_into import accumulate_matmul
+
 # Bytes of one chunk's softmax buffer: float32 logits in the torch path, where backward holds about three such
 # buffers at once (logits, probabilities, gradient); the bf16 logits in the fused path, whose gradient is
 # written over them. Qwen2's vocabulary of 151,936 gives 883 tokens (torch) or 1,766 (fused, bf16); either
@@ -210,16 +212,3 @@ def _fused_kernels():
     """(statistics, gradient) of `triton_lm_head.py`, imported on first use: CPU installs may lack triton."""
     from asyncrl.train.triton_lm_head import fused_chunk_grad_logits_, fused_chunk_statistics
     return fused_chunk_statistics, fused_chunk_grad_logits_
-
-
-def accumulate_matmul(accumulator: Tensor, left: Tensor, right: Tensor) -> None:
-    """accumulator += left @ right, the sum in the accumulator's dtype. On CUDA with bf16/fp16 inputs and a
-    float32 accumulator, one GEMM whose float32 output adds into the accumulator (cuBLAS's beta = 1): no
-    rounded (V, H) product and no second pass over it (Qwen2's 151,936 x 896 per LM-head chunk). Elsewhere
-    the product is rounded to the inputs' dtype, then added."""
-    if left.dtype == accumulator.dtype:
-        accumulator.addmm_(left, right)
-    elif accumulator.is_cuda:
-        torch.addmm(accumulator, left, right, out_dtype=accumulator.dtype, out=accumulator)
-    else:
-        accumulator.add_(torch.mm(left, right))

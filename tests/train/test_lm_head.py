@@ -19,7 +19,8 @@ from asyncrl.algos import entropy_from_logits
 from asyncrl.models import CausalLM, init_weights, tiny_config
 from asyncrl.train import lm_head
 from asyncrl.train.forward import dense_positions, response_log_probs
-from asyncrl.train.lm_head import accumulate_matmul, chunk_size_for_budget, even_chunks, token_log_probs_and_entropy
+from asyncrl.models.linear_into import accumulate_matmul
+from asyncrl.train.lm_head import chunk_size_for_budget, even_chunks, token_log_probs_and_entropy
 
 from .helpers import make_batch
 
