@@ -12,8 +12,8 @@ fresh memory at every step, so a trainer rank that replays its micro-batch step 
 `actor.cuda_graphs`) keeps its own copies instead, at fixed addresses, refreshed in place. The numbers are
 FSDP's on one rank: forward and backward in the compute dtype, gradients summed in fp32 on the masters.
 
-The masters' `.grad` tensors are allocated once and zeroed in place (`zero_grads`), never set to None: a
-captured step adds into them at fixed addresses too (checkpointing sets them aside and back:
+The masters' `.grad` tensors are allocated once, as views into one buffer, and zeroed in place (`zero_grads`),
+never set to None: a captured step adds into them at fixed addresses too (checkpointing sets them aside and back:
 `checkpoint.gradients_aside`).
 """
 
@@ -25,6 +25,9 @@ from typing import Optional
 
 import torch
 from torch import Tensor, nn
+
+
+_ALIGNMENT = 64  # elements
 
 
 class ComputeWeights:
@@ -43,7 +46,21 @@ class ComputeWeights:
         self.trainable = [copy for copy in self.copies if copy.requires_grad]
         self.trainable_masters = [master for master in self.masters if master.requires_grad]
         self.add = _compiled_foreach_add if compile_accumulation else torch._foreach_add_
-        self.zero_grads()
+        # Every trainable master's gradient is a view into this one buffer, so zeroing them is one kernel: a
+        # foreach zero of a 0.5B model's 290 gradients took 3.2 ms of host time on an H200 machine while the GPU
+        # waited for the update's first micro-batch.
+        dtypes = {master.dtype for master in self.trainable_masters}
+        if len(dtypes) > 1:
+            raise ValueError(f"trainable master weights must share one dtype, got {sorted(map(str, dtypes))}")
+        # Each view starts at a multiple of 64 elements: vectorised kernels (Inductor's, the fused AdamW's) want
+        # aligned tensors, and Inductor copies a misaligned input it mutates, in and back out, at every call.
+        offsets = [0]
+        for master in self.trainable_masters:
+            offsets.append(offsets[-1] + -(-master.numel() // _ALIGNMENT) * _ALIGNMENT)
+        self.flat_grads = torch.zeros(offsets[-1], dtype=dtypes.pop() if dtypes else torch.float32,
+                                      device=self.masters[0].device)
+        for master, offset in zip(self.trainable_masters, offsets):
+            master.grad = self.flat_grads[offset:offset + master.numel()].view_as(master)
 
     def refresh(self) -> None:
         """Copies := masters (rounded to the compute dtype), in place."""
@@ -77,11 +94,8 @@ class ComputeWeights:
             self.add([grad for grad, _ in pairs], [gradient for _, gradient in pairs])
 
     def zero_grads(self) -> None:
-        """Allocates the masters' gradients where missing, and zeroes them in place."""
-        for master in self.trainable_masters:
-            if master.grad is None:
-                master.grad = torch.zeros_like(master)
-        torch._foreach_zero_([master.grad for master in self.trainable_masters])
+        """Zeroes the masters' gradients in place."""
+        self.flat_grads.zero_()
 
 
 def _foreach_add(accumulators: list[Tensor], values: list[Tensor]) -> None:

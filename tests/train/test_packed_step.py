@@ -113,6 +113,10 @@ def test_compute_weights_stand_in_for_the_masters_and_sum_their_gradients_in_fp3
     assert dict(model.named_parameters()) == masters  # the masters are back in every slot
     gradients = torch.autograd.grad(loss, weights.trainable)
     grad_pointers = [master.grad.data_ptr() for master in weights.trainable_masters]
+    # One buffer holds every gradient (zeroed by one kernel), each view starting 64-element aligned.
+    assert all(master.grad.untyped_storage().data_ptr() == weights.flat_grads.untyped_storage().data_ptr()
+               and master.grad.storage_offset() % 64 == 0 for master in weights.trainable_masters)
+    assert len(set(grad_pointers)) == len(grad_pointers)
     weights.accumulate(gradients)
     weights.accumulate(gradients)
     for master, gradient in zip(weights.trainable_masters, gradients):
