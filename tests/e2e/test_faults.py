@@ -77,6 +77,12 @@ def test_killed_rollout_replica_is_restarted_resynced_and_the_run_finishes(make_
             time.sleep(0.1)
         killed.append(subprocess.run(["pkill", "-9", "-f", "ray::RolloutReplica"]).returncode)
 
+    # The Ray cluster is shared by the session: an earlier test's replica may still be exiting (slowly on a loaded
+    # machine), and the kill below must hit this run's replica, not that one.
+    deadline = time.monotonic() + 60
+    while subprocess.run(["pgrep", "-f", "ray::RolloutReplica"], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "an earlier test's RolloutReplica process is still alive after 60 s"
+        time.sleep(0.2)
     killer = threading.Thread(target=kill_replica_after_step_2, daemon=True)
     killer.start()
     summary = train(config)
