@@ -29,7 +29,7 @@ from asyncrl.train.micro_batches import micro_batches
 from asyncrl.train.mini_batches import mini_batch_plan
 from asyncrl.train.nonfinite import NonFiniteGuard
 from asyncrl.train.packed_batch import PackCapacity, PackedMicroBatch, pack_micro_batch
-from asyncrl.train.parallel import accumulating, all_reduce_sum, clip_gradients, local_shard, reshard_all, world_size
+from asyncrl.train.parallel import accumulating, all_reduce_sum, local_shard, reshard_all, world_size
 from asyncrl.train.policy_loss import LossMetrics, policy_loss_terms
 from asyncrl.train.step_graphs import StepGraphs
 from asyncrl.train.update_spec import PolicyUpdateSpec
@@ -92,7 +92,7 @@ class PolicyTrainer:
                 (loss * world_size()).backward()
             else:
                 self.replay_step(micro, spec, num_tokens, num_seqs).record(sums)
-        grad_norm = self.guard.step(self.optimizer, clip_gradients(self.model, spec.grad_clip))
+        grad_norm = self.guard.step(self.optimizer, self.model, spec.grad_clip)
         sums.add_step_value("grad_norm", grad_norm)
         if self.compute_weights is None:
             self.optimizer.zero_grad(set_to_none=True)  # frees the gradients until the next step

@@ -20,7 +20,7 @@ from asyncrl.train.metric_sums import MetricSums
 from asyncrl.train.nonfinite import NonFiniteGuard
 from asyncrl.train.micro_batches import micro_batches
 from asyncrl.train.mini_batches import mini_batch_plan
-from asyncrl.train.parallel import accumulating, all_reduce_sum, clip_gradients, world_size
+from asyncrl.train.parallel import accumulating, all_reduce_sum, world_size
 from asyncrl.train.update_spec import CriticUpdateSpec
 
 
@@ -67,6 +67,6 @@ class CriticTrainer:
             (loss * world_size()).backward()
             sums.add("vf_loss", loss)
             sums.add_token_mean("vf_clipfrac", loss_metrics["vf_clipfrac"], micro.response_mask.sum())
-        grad_norm = self.guard.step(self.optimizer, clip_gradients(self.model, spec.grad_clip))
+        grad_norm = self.guard.step(self.optimizer, self.model, spec.grad_clip)
         sums.add_step_value("grad_norm", grad_norm)
         self.optimizer.zero_grad(set_to_none=True)

@@ -194,5 +194,10 @@ def clip_gradients(model: torch.nn.Module, max_norm: float) -> Tensor:
         dist.all_reduce(squared)
     norm = squared.sqrt()
     if max_norm > 0:
-        torch._foreach_mul_(gradients, (max_norm / (norm + 1e-6)).clamp(max=1.0))
+        torch._foreach_mul_(gradients, clip_coefficient(norm, max_norm))
     return norm
+
+
+def clip_coefficient(norm: Tensor, max_norm: float) -> Tensor:
+    """What `clip_gradients` scales the gradients by: min(1, max_norm / (norm + 1e-6))."""
+    return (max_norm / (norm + 1e-6)).clamp(max=1.0)
