@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from asyncrl.train.packed_batch import PackedMicroBatch
+from asyncrl.train.packed_batch import PackedBuffers, PackedMicroBatch
 
 Outputs = TypeVar("Outputs")
 logger = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class StepGraphs(Generic[Outputs]):
         self.step = step
         self.device = device
         self.capture = capture
-        self.buffers: dict[Hashable, PackedMicroBatch] = {}
+        self.buffers: dict[Hashable, PackedBuffers] = {}
         self.graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Outputs]] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         # One side stream for every warm-up: the allocator caches a stream's freed blocks for that stream only,
@@ -51,11 +51,10 @@ class StepGraphs(Generic[Outputs]):
         return len(self.graphs)
 
     def run(self, key: Hashable, packed: PackedMicroBatch, *constants: Any) -> Outputs:
-        buffers = self.buffers.get(key)
-        if buffers is None:
-            buffers = self.buffers[key] = packed.to(self.device)
-        else:
-            buffers.copy_(packed)
+        if key not in self.buffers:
+            self.buffers[key] = PackedBuffers(packed, self.device)
+        self.buffers[key].load(packed)
+        buffers = self.buffers[key].batch
         if not self.capture:
             return self.step(buffers, *constants)
         if key in self.graphs:

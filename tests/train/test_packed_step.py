@@ -15,7 +15,7 @@ from asyncrl.models import build_tiny_model, load_model
 from asyncrl.train import PolicyUpdateSpec, TrainerWorker
 from asyncrl.train.compute_weights import ComputeWeights
 from asyncrl.train.forward import dense_positions, packed_response_log_probs, response_log_probs
-from asyncrl.train.packed_batch import PackCapacity, pack_micro_batch
+from asyncrl.train.packed_batch import PackCapacity, PackedBuffers, pack_micro_batch
 
 from .helpers import make_batch, run_in_processes, trainer_config
 from .test_trainer_worker import train_shard
@@ -68,6 +68,23 @@ def test_packing_keeps_rows_apart_and_lists_every_trained_token_once():
     with pytest.raises(ValueError, match="does not fit"):
         pack_micro_batch(micro, PackCapacity(tokens=total - 1, rows=8, response_length=8, trained_tokens=512), 1, 1)
 
+
+def test_packed_buffers_hold_every_field_in_one_aligned_buffer_and_load_in_place():
+    micro = holed_batch()
+    capacity = PackCapacity.covering(micro, token_budget=None)
+    first = pack_micro_batch(micro.select(range(5)), capacity, num_tokens=30.0, num_seqs=5.0)
+    second = pack_micro_batch(micro.select([5, 0, 2]), capacity, num_tokens=12.0, num_seqs=3.0)
+    buffers = PackedBuffers(first, torch.device("cpu"))
+    pointers = {name: tensor.data_ptr() for name, tensor in buffers.batch.tensors().items()}
+    for source in (first, second):  # a later micro-batch of the capacity overwrites the same tensors
+        buffers.load(source)
+        assert {name: tensor.data_ptr() for name, tensor in buffers.batch.tensors().items()} == pointers
+        for name, tensor in source.tensors().items():
+            loaded = getattr(buffers.batch, name)
+            assert loaded.dtype == tensor.dtype and torch.equal(loaded, tensor), name
+    storage = buffers.flat.untyped_storage().data_ptr()
+    assert all(tensor.untyped_storage().data_ptr() == storage and (tensor.data_ptr() - storage) % 64 == 0
+               for tensor in buffers.batch.tensors().values())
 
 def test_packed_log_probs_entropies_and_gradients_equal_the_dense_forward(model_path):
     model = load_model(model_path, dtype=torch.float32)
