@@ -69,10 +69,3 @@ def _backward(ctx, grad_output: Tensor):
 
 
 linear_into.register_autograd(_backward, setup_context=_save)
-
-
-def check_into(into: Tensor, weight: Tensor, name: str) -> None:
-    """A clear error for a gradient target that cannot take the weight's gradient."""
-    if into.shape != weight.shape or into.dtype != torch.float32:
-        raise ValueError(f"{name}: the gradient target must be float32 of shape {tuple(weight.shape)}, "
-                         f"got {into.dtype} of shape {tuple(into.shape)}")

@@ -41,15 +41,15 @@ class NonFiniteGuard:
         fused = optimizer.defaults["fused"]
         grad_norm = clip_gradients(model, 0.0 if fused else max_norm)  # a fused step divides them itself
         if fused:
-            optimizer.found_inf = (~torch.isfinite(grad_norm)).float()
+            flags = {"found_inf": (~torch.isfinite(grad_norm)).float()}
             if max_norm > 0:
-                optimizer.grad_scale = 1.0 / clip_coefficient(grad_norm, max_norm)
+                flags["grad_scale"] = 1.0 / clip_coefficient(grad_norm, max_norm)
+            vars(optimizer).update(flags)  # read by torch's Adam.step for its fused kernels
             try:
                 optimizer.step()
             finally:
-                del optimizer.found_inf
-                if max_norm > 0:
-                    del optimizer.grad_scale
+                for name in flags:
+                    delattr(optimizer, name)
             norm = float(grad_norm)
         else:
             norm = float(grad_norm)

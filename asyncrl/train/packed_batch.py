@@ -2,7 +2,8 @@
 
     capacity = PackCapacity.covering(micro, token_budget=4096)
     packed = pack_micro_batch(micro, capacity, num_tokens, num_seqs)     # host tensors
-    packed = packed.to(device)
+    buffers = PackedBuffers(packed, device)                             # device tensors of that capacity
+    buffers.load(packed)                                                # one copy; read buffers.batch
 
 A graph replays the kernels it captured on the addresses and shapes it captured, so every micro-batch of a
 capacity must fill the same buffers. The layout:
@@ -28,13 +29,14 @@ micro-batch. Trained tokens are listed in row-major order, as `forward.response_
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from asyncrl.train.batch import TrainBatch, move_tensor
+from asyncrl.train.batch import TrainBatch
 
 # Without a token budget (micro-batches by rows), packed tokens round up to a multiple of this.
 TOKEN_QUANTUM = 1024
@@ -98,9 +100,6 @@ class PackedMicroBatch:
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
                 if getattr(self, field.name) is not None}
 
-    def to(self, device: torch.device) -> "PackedMicroBatch":
-        return PackedMicroBatch(**{name: move_tensor(tensor, device) for name, tensor in self.tensors().items()})
-
 
 class PackedBuffers:
     """A packed micro-batch's tensors on a device, as views into one byte buffer that `load` fills from the host
@@ -131,7 +130,7 @@ class PackedBuffers:
         self.flat.copy_(staging, non_blocking=True)
 
     def _views(self, flat: Tensor) -> dict[str, Tensor]:
-        return {name: flat[offset:offset + _numel(shape) * dtype.itemsize].view(dtype).view(shape)
+        return {name: flat[offset:offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
                 for name, offset, dtype, shape in self.layout}
 
 
@@ -189,13 +188,6 @@ def scatter_to_grid(values: Tensor, packed: PackedMicroBatch) -> Tensor:
 
 def _pad(values: Tensor, count: int, fill: int) -> Tensor:
     return torch.cat([values, torch.full((count,), fill, dtype=values.dtype)])
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
 
 
 def _round_up(value: int, quantum: int) -> int:
