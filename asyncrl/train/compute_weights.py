@@ -12,7 +12,7 @@ fresh memory at every step, so a trainer rank that replays its micro-batch step 
 `actor.cuda_graphs`) keeps its own copies instead, at fixed addresses, refreshed in place. The numbers are
 FSDP's on one rank: forward and backward in the compute dtype, gradients summed in fp32 on the masters.
 
-The masters' `.grad` tensors are allocated once, as views into one buffer, and zeroed in place (`zero_grads`),
+The masters' `.grad` tensors are allocated once, as parts of one buffer, and zeroed in place (`zero_grads`),
 never set to None: a captured step adds into them at fixed addresses too (checkpointing sets them aside and back:
 `checkpoint.gradients_aside`).
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+import math
 from typing import Optional
 
 import torch
@@ -46,21 +47,16 @@ class ComputeWeights:
         self.trainable = [copy for copy in self.copies if copy.requires_grad]
         self.trainable_masters = [master for master in self.masters if master.requires_grad]
         self.add = _compiled_foreach_add if compile_accumulation else torch._foreach_add_
-        # Every trainable master's gradient is a view into this one buffer, so zeroing them is one kernel: a
+        # Every trainable master's gradient lies in one buffer (`carve`), so zeroing them is one kernel: a
         # foreach zero of a 0.5B model's 290 gradients took 3.2 ms of host time on an H200 machine while the GPU
         # waited for the update's first micro-batch.
         dtypes = {master.dtype for master in self.trainable_masters}
         if len(dtypes) > 1:
             raise ValueError(f"trainable master weights must share one dtype, got {sorted(map(str, dtypes))}")
-        # Each view starts at a multiple of 64 elements: vectorised kernels (Inductor's, the fused AdamW's) want
-        # aligned tensors, and Inductor copies a misaligned input it mutates, in and back out, at every call.
-        offsets = [0]
-        for master in self.trainable_masters:
-            offsets.append(offsets[-1] + -(-master.numel() // _ALIGNMENT) * _ALIGNMENT)
-        self.flat_grads = torch.zeros(offsets[-1], dtype=dtypes.pop() if dtypes else torch.float32,
-                                      device=self.masters[0].device)
-        for master, offset in zip(self.trainable_masters, offsets):
-            master.grad = self.flat_grads[offset:offset + master.numel()].view_as(master)
+        self.flat_grads, grads = carve([master.shape for master in self.trainable_masters],
+                                       dtypes.pop() if dtypes else torch.float32, self.masters[0].device)
+        for master, grad in zip(self.trainable_masters, grads):
+            master.grad = grad
 
     def refresh(self) -> None:
         """Copies := masters (rounded to the compute dtype), in place."""
@@ -96,6 +92,25 @@ class ComputeWeights:
     def zero_grads(self) -> None:
         """Zeroes the masters' gradients in place."""
         self.flat_grads.zero_()
+
+
+def carve(shapes: Sequence[torch.Size], dtype: torch.dtype, device: torch.device) -> tuple[Tensor, list[Tensor]]:
+    """One zeroed buffer and, for each shape, a tensor over its own part of it.
+
+    Each part starts at a multiple of 64 elements: vectorised kernels (Inductor's, the fused AdamW's) want aligned
+    tensors, and Inductor copies a misaligned input it mutates, in and back out, at every call.
+
+    The parts share the buffer's memory but are not autograd views of it (`set_`, not slicing): a view shares its
+    base's version counter, so adding into one part would count as modifying every part, and a compiled layer's
+    backward, which saves the part it adds its MLP weight gradients into (`linear_into`), would then fail its
+    saved-tensor check after a later layer's backward had added into a different part."""
+    offsets = [0]
+    for shape in shapes:
+        offsets.append(offsets[-1] + -(-math.prod(shape) // _ALIGNMENT) * _ALIGNMENT)
+    buffer = torch.zeros(offsets[-1], dtype=dtype, device=device)
+    parts = [torch.empty(0, dtype=dtype, device=device).set_(buffer.untyped_storage(), offset, shape)
+             for offset, shape in zip(offsets, shapes)]
+    return buffer, parts
 
 
 def _foreach_add(accumulators: list[Tensor], values: list[Tensor]) -> None:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from asyncrl.models import PackedCausalAttention, compile_decoder_layers, load_model
 from asyncrl.models.layers import MLPGradients
 from asyncrl.models.linear_into import linear_into
+from asyncrl.train.compute_weights import carve
 
 
 @pytest.mark.parametrize("backend", [None, "aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(
@@ -45,9 +46,11 @@ def test_compiled_mlps_add_their_weight_gradients_where_asked(family_folders: di
     input_ids = torch.randint(0, eager.config.vocab_size, (11,), generator=torch.Generator().manual_seed(4))
     upstream = torch.randn(11, eager.config.hidden_size, generator=torch.Generator().manual_seed(5))
     (eager(input_ids, attention.positions(), attention) * upstream).sum().backward()
-    targets = [MLPGradients(*(torch.zeros_like(linear.weight) for linear in (layer.mlp.gate_proj, layer.mlp.up_proj,
-                                                                              layer.mlp.down_proj)))
-               for layer in compiled.model.layers]
+    # The targets are parts of one buffer, as the trainer's fp32 gradients are (`carve`): each layer's backward
+    # adds into its own part while the others' saved parts must stay valid.
+    linears = [(layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj) for layer in compiled.model.layers]
+    _, parts = carve([linear.weight.shape for trio in linears for linear in trio], torch.float32, torch.device("cpu"))
+    targets = [MLPGradients(*parts[3 * index:3 * index + 3]) for index in range(len(linears))]
     (compiled(input_ids, attention.positions(), attention, mlp_grads_into=targets) * upstream).sum().backward()
     eager_grads = {name: p.grad for name, p in eager.named_parameters()}
     for name, parameter in compiled.named_parameters():
