@@ -119,3 +119,17 @@ def test_int32_positions_give_the_same_hidden_states(family_folders: dict[str, P
         expected = eager(input_ids, positions, attention)
         assert torch.equal(eager(input_ids, positions.int(), attention), expected)
         assert torch.equal(compiled(input_ids, positions.int(), attention), compiled(input_ids, positions, attention))
+
+
+def test_compiled_first_half_hands_attention_its_inputs_from_the_compiled_graph(family_folders: dict[str, Path]) -> None:
+    """query, key and value leave the compiled half as its own outputs, so their gradients flow back through the
+    compiled backward: no output is an eager view re-created after the call (AOTAutograd does that when two
+    outputs view one intermediate, and the views' backward then runs as extra eager kernels)."""
+    for case in ("qwen2_bias_tied", "qwen3_qk_norm"):
+        model = load_model(family_folders[case])
+        compile_decoder_layers(model, backend="aot_eager")
+        attention = PackedCausalAttention.from_lengths([4, 7])
+        hidden = torch.randn(11, model.config.hidden_size, requires_grad=True)
+        cos, sin = model.model.rotary_emb(attention.positions(), hidden.dtype)
+        _, *inputs = model.model.layers[0].attention_inputs(hidden, None, cos, sin)
+        assert [type(tensor.grad_fn).__name__ for tensor in inputs] == ["CompiledFunctionBackward"] * 3, case
