@@ -135,14 +135,6 @@ class FixedCapacityPackedAttention:
         return masked_packed_attention(query, key, value, self._mask)
 
 
-def repeat_heads(x: Tensor, num_heads: int) -> Tensor:
-    """x (..., Hkv, D) -> (..., num_heads, D), head h a copy of head h // (num_heads // Hkv): the grouping GQA
-    attention reads."""
-    *leading, kv_heads, head_dim = x.shape
-    return x.unsqueeze(-2).expand(*leading, kv_heads, num_heads // kv_heads, head_dim).reshape(
-        *leading, num_heads, head_dim)
-
-
 def masked_packed_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor) -> Tensor:
     """SDPA over packed tokens with a boolean (N, N) mask: query (N, Hq, D), key/value (N, Hkv, D) -> (N, Hq, D)."""
     output = F.scaled_dot_product_attention(
@@ -182,18 +174,7 @@ class SelfAttention(nn.Module):
         self.qkv_bias: Tensor | None = None
 
     def project(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """hidden (..., hidden) -> query (..., Hq, D), key and value (..., Hkv, D), after q/k norm and RoPE.
-        Under autograd key and value come with Hq heads, each kv head repeated for its query group: flash
-        attention's grouped backward writes Hq-head gradients and sums them per group in two unfused passes
-        (12 us of a 0.5B layer's micro-batch on an H200); from Hq heads the sum is autograd's, and in a
-        compiled layer Inductor fuses it into the rotary backward's kernel. Inference keeps Hkv heads (the
-        engine caches them)."""
-        query, key, value = self._project(hidden, cos, sin)
-        if self.grouped and torch.is_grad_enabled():
-            return query, repeat_heads(key, self.num_heads), repeat_heads(value, self.num_heads)
-        return query, key, value
-
-    def _project(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """hidden (..., hidden) -> query (..., Hq, D), key and value (..., Hkv, D), after q/k norm and RoPE."""
         leading = hidden.shape[:-1]
         # One matrix product instead of three, as the engine computes it (so both round alike). The engine stacks
         # the weights once (`fuse_projections`); a trainer stacks them per call, a copy of (q + 2 kv) x hidden,
