@@ -26,6 +26,7 @@ from asyncrl.train.actor import PolicyTrainer
 from asyncrl.train.batch import TrainBatch
 from asyncrl.train.checkpoint import Component, load_trainer_state, save_trainer_state
 from asyncrl.train.compute_weights import ComputeWeights
+from asyncrl.train.flat_adamw import FlatAdamW
 from asyncrl.train.critic import CriticTrainer
 from asyncrl.train.forward import batched_log_probs
 from asyncrl.train.optim import build_optimizer, build_scheduler
@@ -77,9 +78,10 @@ class TrainerWorker:
         # fixed-address compute copies instead, so the update's micro-batch step can be replayed from graphs.
         graphed = self.config.actor.cuda_graphs
         model = self.load(self.config.model.path, "causal_lm", shard=not graphed)
-        optimizer = build_optimizer(model, self.config.actor.optim)
         compute_weights = ComputeWeights(model, self.param_dtype,
                                          compile_accumulation=model.is_compiled) if graphed else None
+        optimizer = build_optimizer(model, self.config.actor.optim) if compute_weights is None \
+            else FlatAdamW(compute_weights, self.config.actor.optim)
         return PolicyTrainer(model, optimizer, build_scheduler(optimizer, self.config.actor.optim, total_steps),
                              self.device, self.config.trainer.max_consecutive_nonfinite,
                              compute_weights=compute_weights)
