@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # actor.cuda_graphs on one GPU, in one device call (~8 minutes on an H200): the 0.5B update at 4,096-token
 # micro-batches with graphs, twice, around the same update from a baseline tree when one is given (this update's
-# time has moved +-15% between processes: interleaving keeps a comparison honest), 1.5B with graphs; the CUDA
+# time has moved +-15% between processes: interleaving keeps a comparison honest), 1.5B with graphs, one AdamW step
+# (torch's fused kernel against `FlatAdamW`: `benchmarks/adamw_step.py`); the CUDA
 # tests of the packed step (graph replays against eager runs of the same step, and against the FSDP path) and of
 # the fused LM-head kernels; then a profile of a graphed update with its Chrome trace (gzipped). The numbers come
 # first, the tests after them (they take ~4 minutes: each replay test process compiles the model). Results land
-# in $OUT (trainer.jsonl, bench.log, tests.log, profile.log, trace.json.gz: few files, the device returns at most
-# 8); a summary is printed at the end.
+# in $OUT (trainer.jsonl, adamw.jsonl, bench.log, tests.log, profile.log, trace.json.gz: few files, the device returns
+# at most 8); a summary is printed at the end.
 #
 #     source .devbundle/activate.sh && export RAY_AUTH_MODE=disabled PYTHONPATH=.:$PYTHONPATH && \
 #         [BASELINE=.baseline] bash benchmarks/trainer_cuda_graphs.sh
@@ -28,7 +29,9 @@ if [ -n "${BASELINE:-}" ]; then
 fi
 run graphs_0.5b_b . --model qwen2.5-0.5b --num-updates 6 --cuda-graphs
 run graphs_1.5b . --model qwen2.5-1.5b --cuda-graphs
-timeout 330 python3 -m pytest -q tests/train/test_packed_step.py tests/train/test_lm_head.py tests/algos/test_cuda.py \
+timeout 90 python3 benchmarks/adamw_step.py --output "$OUT/adamw.jsonl" >> "$OUT/bench.log" 2>&1 \
+  && tail -1 "$OUT/adamw.jsonl" || { echo "adamw_step failed:"; tail -15 "$OUT/bench.log"; }
+timeout 330 python3 -m pytest -q tests/train/test_packed_step.py tests/train/test_lm_head.py tests/train/test_flat_adamw.py tests/algos/test_cuda.py \
   tests/models/test_linear_into.py > "$OUT/tests.log" 2>&1
 tail -3 "$OUT/tests.log"
 timeout 120 python3 benchmarks/profile_trainer.py --cuda-graphs --trace "$OUT/trace.json" > "$OUT/profile.log" 2>&1 \
