@@ -128,7 +128,8 @@ class ActorConfig:
     grad_clip: float = option(1.0, "global gradient-norm clip; <= 0 disables")
     cuda_graphs: bool = option(
         False, "one trainer rank: each update micro-batch packed at a fixed capacity and replayed from a CUDA "
-               "graph (no FSDP; bf16 copies of the fp32 masters); on CPU the same packed step, run eagerly")
+               "graph (no FSDP; bf16 copies of the fp32 masters; AdamW as one Triton kernel over flat buffers, "
+               "torch's AdamW state format); on CPU the same packed step, run eagerly, and torch's AdamW")
     optim: OptimConfig = section(OptimConfig, "actor optimizer")
 
 
