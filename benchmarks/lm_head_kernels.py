@@ -1,6 +1,9 @@
 """The LM head's per-chunk softmax math on one GPU: the fused Triton kernels against the torch path, per chunk.
 
-    python benchmarks/lm_head_kernels.py [--tokens 1195] [--vocab 151936]
+    python benchmarks/lm_head_kernels.py [--tokens 3584] [--vocab 151936]
+
+(3,584 tokens: the graphed 0.5B update's one chunk per 4,096-token micro-batch, 7/8 of them responses.)
+The statistics also run split over 2-16 vocabulary segments per row (`fused_chunk_statistics(segments=...)`).
 
 Floors: the statistics read the (c, V) bf16 logits once; the gradient reads and writes them once. Times are
 per replay of a CUDA graph of each call (`graph_replay_ms`, as the benchmarks under `benchmarks/` time kernels),
@@ -18,7 +21,7 @@ from asyncrl.train.triton_lm_head import fused_chunk_grad_logits_, fused_chunk_s
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tokens", type=int, default=1195)
+    parser.add_argument("--tokens", type=int, default=3584)
     parser.add_argument("--vocab", type=int, default=151936)
     options = parser.parse_args()
     logits = (torch.randn(options.tokens, options.vocab, device="cuda") * 3).bfloat16()
@@ -29,6 +32,9 @@ def main() -> None:
     scratch = logits.clone()
     cases = {
         "statistics, fused": (lambda: fused_chunk_statistics(logits, targets, 0.9, True), nbytes),
+        **{f"statistics, fused, {segments} segments": (
+            lambda segments=segments: fused_chunk_statistics(logits, targets, 0.9, True, segments=segments), nbytes)
+           for segments in (2, 4, 8, 16)},
         "statistics, torch": (lambda: chunk_statistics(logits, targets, 0.9, True), nbytes),
         "gradient, fused (in place)": (lambda: fused_chunk_grad_logits_(scratch, targets, lse, grads[0], grads[1],
                                                                         entropy, 0.9), 2 * nbytes),

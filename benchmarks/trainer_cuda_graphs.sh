@@ -2,7 +2,8 @@
 # actor.cuda_graphs on one GPU, in one device call (~8 minutes on an H200): the 0.5B update at 4,096-token
 # micro-batches with graphs, twice, around the same update from a baseline tree when one is given (this update's
 # time has moved +-15% between processes: interleaving keeps a comparison honest), 1.5B with graphs, one AdamW step
-# (torch's fused kernel against `FlatAdamW`: `benchmarks/adamw_step.py`); the CUDA
+# (torch's fused kernel against `FlatAdamW`: `benchmarks/adamw_step.py`), the LM head's statistics kernel over 1-16
+# vocabulary segments (`benchmarks/lm_head_kernels.py`); the CUDA
 # tests of the packed step (graph replays against eager runs of the same step, and against the FSDP path) and of
 # the fused LM-head kernels; then a profile of a graphed update with its Chrome trace (gzipped). The numbers come
 # first, the tests after them (they take ~4 minutes: each replay test process compiles the model). Results land
@@ -29,6 +30,7 @@ if [ -n "${BASELINE:-}" ]; then
 fi
 run graphs_0.5b_b . --model qwen2.5-0.5b --num-updates 6 --cuda-graphs
 run graphs_1.5b . --model qwen2.5-1.5b --cuda-graphs
+timeout 60 python3 benchmarks/lm_head_kernels.py >> "$OUT/bench.log" 2>&1 && grep statistics "$OUT/bench.log" | tail -6
 timeout 90 python3 benchmarks/adamw_step.py --output "$OUT/adamw.jsonl" >> "$OUT/bench.log" 2>&1 \
   && tail -1 "$OUT/adamw.jsonl" || { echo "adamw_step failed:"; tail -15 "$OUT/bench.log"; }
 timeout 330 python3 -m pytest -q tests/train/test_packed_step.py tests/train/test_lm_head.py tests/train/test_flat_adamw.py tests/algos/test_cuda.py \

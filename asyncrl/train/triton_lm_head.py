@@ -28,6 +28,7 @@ from torch import Tensor
 
 BLOCK = 4096      # vocabulary entries per loop step of one row
 NUM_WARPS = 8
+COMBINE_ROWS = 64  # rows per program of the segments' merge
 
 
 @triton.jit
@@ -64,6 +65,65 @@ def _statistics_kernel(logits_ptr, targets_ptr, log_probs_ptr, entropy_ptr, lse_
 
 
 @triton.jit
+def _segment_statistics_kernel(logits_ptr, partials_ptr, vocab_size, row_stride, segment_length, inverse_temperature,
+                               BLOCK: tl.constexpr, SEGMENTS: tl.constexpr, WITH_ENTROPY: tl.constexpr):
+    """The online softmax of one row's vocabulary segment: (max, sum of exp(z - max), sum of exp(z - max)
+    (z - max)) into partials (rows, 3, SEGMENTS)."""
+    row, segment = tl.program_id(0), tl.program_id(1)
+    row_logits = logits_ptr + row.to(tl.int64) * row_stride
+    first = segment * segment_length
+    last = tl.minimum(first + segment_length, vocab_size)
+    running_max = tl.full((), float("-inf"), tl.float32)
+    running_sum = tl.zeros((), tl.float32)
+    running_moment = tl.zeros((), tl.float32)
+    for start in range(first, last, BLOCK):
+        columns = start + tl.arange(0, BLOCK)
+        inside = columns < last
+        z = tl.load(row_logits + columns, mask=inside, other=0.0).to(tl.float32) * inverse_temperature
+        new_max = tl.maximum(running_max, tl.max(tl.where(inside, z, float("-inf")), 0))
+        shift = running_max - new_max
+        correction = tl.exp(shift)
+        centred = z - new_max
+        probs = tl.where(inside, tl.exp(centred), 0.0)
+        if WITH_ENTROPY:
+            carried = tl.where(running_sum > 0.0, correction * (running_moment + shift * running_sum), 0.0)
+            running_moment = carried + tl.sum(probs * tl.where(inside, centred, 0.0), 0)
+        running_sum = running_sum * correction + tl.sum(probs, 0)
+        running_max = new_max
+    out = partials_ptr + row.to(tl.int64) * 3 * SEGMENTS + segment
+    tl.store(out, running_max)
+    tl.store(out + SEGMENTS, running_sum)
+    tl.store(out + 2 * SEGMENTS, running_moment)
+
+
+@triton.jit
+def _combine_statistics_kernel(logits_ptr, targets_ptr, partials_ptr, log_probs_ptr, entropy_ptr, lse_ptr, rows,
+                               row_stride, inverse_temperature, ROWS: tl.constexpr, SEGMENTS: tl.constexpr,
+                               WITH_ENTROPY: tl.constexpr):
+    """Each row's segments merged: the same sums re-centred on the row's max, then as `_statistics_kernel`."""
+    row_ids = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    valid = row_ids < rows
+    base = partials_ptr + row_ids.to(tl.int64)[:, None] * 3 * SEGMENTS + tl.arange(0, SEGMENTS)[None, :]
+    maxima = tl.load(base, mask=valid[:, None], other=0.0)                  # (ROWS, SEGMENTS)
+    sums = tl.load(base + SEGMENTS, mask=valid[:, None], other=0.0)
+    row_max = tl.max(maxima, 1)
+    shift = maxima - row_max[:, None]                                       # <= 0; -inf for an empty segment
+    weights = tl.where(sums > 0.0, tl.exp(shift), 0.0)
+    total = tl.where(valid, tl.sum(sums * weights, 1), 1.0)  # rows past the end: a harmless 1
+    log_sum = tl.log(total)
+    lse = row_max + log_sum
+    targets = tl.load(targets_ptr + row_ids, mask=valid, other=0)
+    target_logit = tl.load(logits_ptr + row_ids.to(tl.int64) * row_stride + targets, mask=valid,
+                           other=0.0).to(tl.float32) * inverse_temperature
+    tl.store(log_probs_ptr + row_ids, target_logit - lse, mask=valid)
+    tl.store(lse_ptr + row_ids, lse, mask=valid)
+    if WITH_ENTROPY:
+        moments = tl.load(base + 2 * SEGMENTS, mask=valid[:, None], other=0.0)
+        moment = tl.sum(tl.where(sums > 0.0, weights * (moments + shift * sums), 0.0), 1)
+        tl.store(entropy_ptr + row_ids, log_sum - moment / total, mask=valid)
+
+
+@triton.jit
 def _grad_logits_kernel(logits_ptr, targets_ptr, lse_ptr, grad_log_probs_ptr, grad_entropy_ptr, entropy_ptr,
                         vocab_size, row_stride, inverse_temperature, BLOCK: tl.constexpr,
                         WITH_ENTROPY: tl.constexpr):
@@ -90,19 +150,37 @@ def _grad_logits_kernel(logits_ptr, targets_ptr, lse_ptr, grad_log_probs_ptr, gr
         tl.store(row_logits + columns, grad.to(raw.dtype), mask=inside)
 
 
-def fused_chunk_statistics(logits: Tensor, target_ids: Tensor, temperature: float,
-                           with_entropy: bool) -> tuple[Tensor, Optional[Tensor], Tensor]:
+def fused_chunk_statistics(logits: Tensor, target_ids: Tensor, temperature: float, with_entropy: bool,
+                           segments: int = 1) -> tuple[Tensor, Optional[Tensor], Tensor]:
     """logits (c, V) of W h -> log softmax(logits / T)[y], the entropy if asked, and logsumexp(logits / T),
-    each (c,) float32."""
+    each (c,) float32.
+
+    `segments` > 1 (a power of two) splits each row's vocabulary among that many programs, whose partial sums a
+    second kernel merges: more reads in flight than one program per row keeps (its loop waits on each block's
+    reductions before it loads the next; the trainer's 3,584-row chunks read at ~2.4 TB/s on an H200), for one
+    more launch. `benchmarks/lm_head_kernels.py` times each count."""
     rows, vocab_size = logits.shape
     _check(logits, target_ids)
+    if segments < 1 or segments & (segments - 1):
+        raise ValueError(f"segments must be a power of two, got {segments}")
     log_probs = torch.empty(rows, dtype=torch.float32, device=logits.device)
     lse = torch.empty_like(log_probs)
     entropy = torch.empty_like(log_probs) if with_entropy else None
-    if rows:
+    if not rows:
+        return log_probs, entropy, lse
+    if segments == 1:
         _statistics_kernel[(rows,)](logits, target_ids, log_probs, log_probs if entropy is None else entropy, lse,
                                     vocab_size, logits.stride(0), 1.0 / temperature, BLOCK=BLOCK,
                                     WITH_ENTROPY=with_entropy, num_warps=NUM_WARPS)
+        return log_probs, entropy, lse
+    segment_length = triton.cdiv(triton.cdiv(vocab_size, segments), BLOCK) * BLOCK
+    partials = torch.empty(rows, 3, segments, dtype=torch.float32, device=logits.device)
+    _segment_statistics_kernel[(rows, segments)](logits, partials, vocab_size, logits.stride(0), segment_length,
+                                                 1.0 / temperature, BLOCK=BLOCK, SEGMENTS=segments,
+                                                 WITH_ENTROPY=with_entropy, num_warps=NUM_WARPS)
+    _combine_statistics_kernel[(triton.cdiv(rows, COMBINE_ROWS),)](
+        logits, target_ids, partials, log_probs, log_probs if entropy is None else entropy, lse, rows,
+        logits.stride(0), 1.0 / temperature, ROWS=COMBINE_ROWS, SEGMENTS=segments, WITH_ENTROPY=with_entropy)
     return log_probs, entropy, lse
 
 

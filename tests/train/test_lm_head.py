@@ -256,6 +256,33 @@ def test_fused_chunk_kernels_match_the_torch_chunk_math(with_entropy, vocab_size
 
 
 @needs_triton
+@pytest.mark.parametrize("with_entropy", [True, False])
+@pytest.mark.parametrize("vocab_size, segments", [(13000, 4), (5000, 4), (37, 2), (20000, 8)])
+def test_statistics_split_over_vocabulary_segments_equal_the_one_program_per_row_kernel(with_entropy, vocab_size,
+                                                                                         segments):
+    """Rows split among `segments` programs and merged (ragged last segments, empty ones, more rows than one merge
+    program takes) give the one-program-per-row statistics and the torch chunk math."""
+    from asyncrl.train.lm_head import chunk_statistics
+    from asyncrl.train.triton_lm_head import fused_chunk_statistics
+
+    generator = torch.Generator().manual_seed(2)
+    scales = torch.tensor([0.1, 1.0, 4.0, 30.0]).repeat(18)[:70, None]
+    logits = (torch.randn(70, vocab_size, generator=generator) * scales).to(FUSED_DEVICE)
+    target_ids = torch.randint(0, vocab_size, (70,), generator=generator).to(FUSED_DEVICE)
+    single = fused_chunk_statistics(logits, target_ids, 0.7, with_entropy)
+    split = fused_chunk_statistics(logits, target_ids, 0.7, with_entropy, segments=segments)
+    expected = chunk_statistics(logits, target_ids, 0.7, with_entropy)
+    for name, one, many, want in zip(("log_probs", "entropy", "lse"), single, split, expected):
+        if want is None:
+            assert one is None and many is None
+            continue
+        torch.testing.assert_close(many, one, atol=2e-5, rtol=1e-5, msg=name)
+        torch.testing.assert_close(many, want, atol=2e-5, rtol=1e-5, msg=name)
+    with pytest.raises(ValueError, match="power of two"):
+        fused_chunk_statistics(logits, target_ids, 0.7, with_entropy, segments=3)
+
+
+@needs_triton
 @pytest.mark.parametrize("chunk_size", [128, None], ids=["chunks", "default"])
 @pytest.mark.parametrize("store_logits", [True, False], ids=["stored", "recomputed"])
 @pytest.mark.parametrize("with_entropy", [True, False])
