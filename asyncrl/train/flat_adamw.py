@@ -45,7 +45,8 @@ class FlatAdamW(torch.optim.AdamW):
         divided by `grad_scale` (0-dim, on the device) and the step skipped on the device when `found_inf`
         (0-dim, 1.0 or 0.0) is set. Otherwise torch's AdamW (the flags only as torch's fused kernels take them)."""
         params = self.param_groups[0]["params"]
-        if not (self.fused_kernel and all(param.grad is grad for param, grad in zip(params, self.weights.flat_grad_parts))):
+        flat_grads = all(param.grad is grad for param, grad in zip(params, self.weights.flat_grad_parts))
+        if not (self.fused_kernel and flat_grads):
             # torch's step (CPU; or torch's state-dict helpers, which step once with gradients of their own)
             self._state_is_flat = False  # it may create state entries of its own
             flags = {name: flag for name, flag in (("found_inf", found_inf), ("grad_scale", grad_scale))
@@ -82,16 +83,16 @@ class FlatAdamW(torch.optim.AdamW):
             return
         if len(self.param_groups) != 1:
             raise ValueError(f"FlatAdamW takes one param group, got {len(self.param_groups)}")
-        self.flat_exp_avg.zero_()
-        self.flat_exp_avg_sq.zero_()
         for param, exp_avg, exp_avg_sq in zip(self.param_groups[0]["params"], self.exp_avg_parts,
                                               self.exp_avg_sq_parts):
             state = self.state[param]
-            if "exp_avg" in state:
+            if "exp_avg" in state:  # copied, unless torch's step already updated the parts themselves
                 exp_avg.copy_(state["exp_avg"])
                 exp_avg_sq.copy_(state["exp_avg_sq"])
-            else:  # the entry torch's fused AdamW would create
+            else:  # the entries torch's fused AdamW would create
                 state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+                exp_avg.zero_()
+                exp_avg_sq.zero_()
             state["exp_avg"], state["exp_avg_sq"] = exp_avg, exp_avg_sq
         steps = {float(self.state[param]["step"]) for param in self.param_groups[0]["params"]}
         if len(steps) > 1:

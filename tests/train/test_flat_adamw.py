@@ -54,9 +54,9 @@ def assert_same_state(optimizer: FlatAdamW, reference: torch.optim.AdamW, model:
 
 @needs_triton
 def test_the_flat_step_is_torch_adamw_with_its_skip_flag_and_gradient_divisor():
-    """Three steps: gradients divided by 2 on the device; a step flagged non-finite, which changes nothing (nor
-    the step counts); a plain step. Parameters and moments equal torch's per-parameter AdamW, and the moments
-    are parts of the optimizer's flat buffers."""
+    """Gradients divided by 2 on the device; a step flagged non-finite, which changes nothing (nor the step
+    counts); plain steps, one of them torch's. Parameters and moments equal torch's per-parameter AdamW, and the
+    moments are parts of the optimizer's flat buffers."""
     model, reference_model = tiny_model(DEVICE), tiny_model(DEVICE)
     weights = ComputeWeights(model, None)
     optimizer = FlatAdamW(weights, CONFIG)
@@ -82,6 +82,15 @@ def test_the_flat_step_is_torch_adamw_with_its_skip_flag_and_gradient_divisor():
     set_gradients(weights, reference_model, seed=2, scale=1.0)
     optimizer.step()
     reference.step()
+    assert_same_state(optimizer, reference, model, reference_model, atol=1e-6)
+
+    # A step of torch's own in between (as torch's state-dict helpers take) updates the flat parts in place;
+    # the next flat step carries on from them.
+    for seed, kernel in ((3, False), (4, True)):
+        set_gradients(weights, reference_model, seed=seed, scale=1.0)
+        optimizer.fused_kernel = kernel
+        optimizer.step()
+        reference.step()
     assert_same_state(optimizer, reference, model, reference_model, atol=1e-6)
     for master in model.parameters():
         for key, flat in (("exp_avg", optimizer.flat_exp_avg), ("exp_avg_sq", optimizer.flat_exp_avg_sq)):
