@@ -141,3 +141,38 @@ def test_without_the_kernel_it_steps_as_torch_adamw_on_the_masters():
     weights.refresh()
     assert all(torch.equal(copy, master.detach().to(torch.bfloat16))
                for copy, master in zip(weights.copies, weights.masters))
+
+
+@needs_triton
+def test_a_trainer_checkpoint_resumes_the_flat_step_exactly(tmp_path):
+    """Through the trainer's checkpoint (torch's distributed state-dict helpers, which step a fresh optimizer once
+    with gradients of their own before loading): two steps, save, a third; a fresh model and optimizer loaded from
+    the save and given the same third step end equal, bit for bit."""
+    from asyncrl.train.checkpoint import load_trainer_state, save_trainer_state
+
+    runs = []
+    for _ in range(2):
+        model = tiny_model(DEVICE)
+        weights = ComputeWeights(model, torch.bfloat16)
+        optimizer = FlatAdamW(weights, CONFIG)
+        optimizer.fused_kernel = True
+        runs.append((model, weights, optimizer))
+    (model, weights, optimizer), (fresh_model, fresh_weights, fresh_optimizer) = runs
+    scratch = tiny_model(DEVICE)
+    for seed in range(2):
+        set_gradients(weights, scratch, seed=seed, scale=1.0)
+        optimizer.step()
+    save_trainer_state(tmp_path, {"actor": (model, optimizer, None)}, extra={})
+    with torch.no_grad():
+        for parameter in fresh_model.parameters():
+            parameter.add_(1.0)  # the load must overwrite it
+    load_trainer_state(tmp_path, {"actor": (fresh_model, fresh_optimizer, None)})
+    assert all(parameter.grad is grad for parameter, grad in zip(fresh_weights.trainable_masters,
+                                                                 fresh_weights.flat_grad_parts))
+    for flat, step in ((weights, optimizer), (fresh_weights, fresh_optimizer)):
+        set_gradients(flat, scratch, seed=5, scale=1.0)
+        step.step()
+    for first, second in zip(model.parameters(), fresh_model.parameters()):
+        assert torch.equal(first, second)
+    assert torch.equal(optimizer.flat_exp_avg, fresh_optimizer.flat_exp_avg)
+    assert all(float(entry["step"]) == 3.0 for entry in fresh_optimizer.state.values())
