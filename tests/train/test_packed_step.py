@@ -128,17 +128,28 @@ def test_compute_weights_stand_in_for_the_masters_and_sum_their_gradients_in_fp3
         loss = model.compute_logits(hidden).logsumexp(-1).sum()
     assert hidden.dtype == torch.bfloat16
     assert dict(model.named_parameters()) == masters  # the masters are back in every slot
-    gradients = torch.autograd.grad(loss, weights.trainable)
+    gradients = torch.autograd.grad(loss, weights.trainable, allow_unused=True)
     grad_pointers = [master.grad.data_ptr() for master in weights.trainable_masters]
     # One buffer holds every gradient (zeroed by one kernel), each view starting 64-element aligned.
     assert all(master.grad.untyped_storage().data_ptr() == weights.flat_grads.untyped_storage().data_ptr()
                and master.grad.storage_offset() % 64 == 0 for master in weights.trainable_masters)
     assert len(set(grad_pointers)) == len(grad_pointers)
+    # Each attention layer multiplies by one stacked q/k/v copy: the three copies get no gradient of their own,
+    # the stacked one's row blocks are theirs.
+    expected = dict(zip(map(id, weights.trainable_masters), gradients))
+    for (attention, *stacked), gradient_pair in zip(weights.stacked, zip(*[iter(gradients[len(masters):])] * 2)):
+        for kind, gradient in zip(("weight", "bias"), gradient_pair):
+            offset = 0
+            for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
+                master = getattr(projection, kind)
+                assert expected[id(master)] is None
+                expected[id(master)] = gradient[offset:offset + master.shape[0]]
+                offset += master.shape[0]
     weights.accumulate(gradients)
     weights.accumulate(gradients)
-    for master, gradient in zip(weights.trainable_masters, gradients):
+    for master in weights.trainable_masters:
         assert master.grad.dtype == torch.float32
-        assert torch.equal(master.grad, 2 * gradient.float())
+        assert torch.equal(master.grad, 2 * expected[id(master)].float())
     weights.zero_grads()
     assert [master.grad.data_ptr() for master in weights.trainable_masters] == grad_pointers
     assert all((master.grad == 0).all() for master in weights.trainable_masters)
@@ -146,10 +157,39 @@ def test_compute_weights_stand_in_for_the_masters_and_sum_their_gradients_in_fp3
     pointers = [copy.data_ptr() for copy in weights.copies]
     with torch.no_grad():
         model.model.norm.weight.add_(0.5)
+        model.model.layers[0].self_attn.k_proj.weight.add_(0.5)
     weights.refresh()
+    attention, stacked_weight, _ = weights.stacked[0]
+    rows = attention.q_proj.weight.shape[0]
+    assert torch.equal(stacked_weight[rows:rows + attention.k_proj.weight.shape[0]],
+                       attention.k_proj.weight.detach().to(torch.bfloat16))  # the stacked copies refresh too
     assert [copy.data_ptr() for copy in weights.copies] == pointers  # in place: a captured graph still sees them
     copy_of_norm = weights.copies[[name for name, _ in model.named_parameters()].index("model.norm.weight")]
     assert torch.equal(copy_of_norm, model.model.norm.weight.detach().to(torch.bfloat16))
+
+
+def test_compiled_layers_over_compute_weights_give_the_masters_their_gradients(model_path):
+    """The graphed step's structure on the CPU: layers compiled (`aot_eager`), the copies and the stacked q/k/v
+    copies in their slots, gradients accumulated into the masters. They equal an eager fp32 model's, twice over
+    (the stacked copies swap in and out of the compiled layers' inputs between calls)."""
+    from asyncrl.models import PackedCausalAttention, compile_decoder_layers
+
+    eager, compiled = load_model(model_path, dtype=torch.float32), load_model(model_path, dtype=torch.float32)
+    compile_decoder_layers(compiled, backend="aot_eager")
+    weights = ComputeWeights(compiled, None)
+    assert len(weights.stacked) == len(compiled.model.layers)
+    attention = PackedCausalAttention.from_lengths([5, 3])
+    ids = torch.randint(0, eager.config.vocab_size, (8,), generator=torch.Generator().manual_seed(7))
+    upstream = torch.randn(8, eager.config.hidden_size, generator=torch.Generator().manual_seed(8))
+    (eager(ids, attention.positions(), attention) * upstream).sum().backward()
+    for calls in (1, 2):
+        weights.refresh()
+        with weights.applied():
+            loss = (compiled(ids, attention.positions(), attention) * upstream).sum()
+        weights.accumulate(torch.autograd.grad(loss, weights.trainable, allow_unused=True))
+        for (name, master), reference in zip(compiled.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(master.grad, calls * reference.grad, atol=1e-5, rtol=1e-5, msg=name)
+    assert all(attention.qkv_weight is None for attention, _, _ in weights.stacked)  # out of the block
 
 
 @pytest.mark.parametrize("micro_batching", [(), ("actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=12")],
