@@ -11,10 +11,12 @@
 # at most 8); a summary is printed at the end.
 #
 #     source .devbundle/activate.sh && export RAY_AUTH_MODE=disabled PYTHONPATH=.:$PYTHONPATH && \
-#         [BASELINE=.baseline] bash benchmarks/trainer_cuda_graphs.sh
+#         [BASELINE=.baseline [BASELINE2=.baseline2]] bash benchmarks/trainer_cuda_graphs.sh
 #
 # BASELINE: a folder holding another version's `asyncrl/` (e.g. `git archive HEAD~1 asyncrl | tar -x -C
-# .baseline`, untracked so that the device copy carries it), benchmarked from inside that folder.
+# .baseline`, untracked so that the device copy carries it), benchmarked from inside that folder. BASELINE2: a
+# second one, run after it (to tell two changes apart; the 1.5B run is then left out, for time). The summary lists
+# the runs in order: this tree, BASELINE, BASELINE2, this tree again, 1.5B.
 set -u
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -28,8 +30,13 @@ run graphs_0.5b_a . --model qwen2.5-0.5b --num-updates 6 --cuda-graphs
 if [ -n "${BASELINE:-}" ]; then
   run baseline_graphs_0.5b "$BASELINE" --model qwen2.5-0.5b --num-updates 6 --cuda-graphs
 fi
+if [ -n "${BASELINE2:-}" ]; then
+  run baseline2_graphs_0.5b "$BASELINE2" --model qwen2.5-0.5b --num-updates 6 --cuda-graphs
+fi
 run graphs_0.5b_b . --model qwen2.5-0.5b --num-updates 6 --cuda-graphs
-run graphs_1.5b . --model qwen2.5-1.5b --cuda-graphs
+if [ -z "${BASELINE2:-}" ]; then  # a second baseline takes its time: the call must stay under 10 minutes
+  run graphs_1.5b . --model qwen2.5-1.5b --cuda-graphs
+fi
 timeout 60 python3 benchmarks/lm_head_kernels.py >> "$OUT/bench.log" 2>&1 && grep statistics "$OUT/bench.log" | tail -6
 timeout 90 python3 benchmarks/adamw_step.py --output "$OUT/adamw.jsonl" >> "$OUT/bench.log" 2>&1 \
   && tail -1 "$OUT/adamw.jsonl" || { echo "adamw_step failed:"; tail -15 "$OUT/bench.log"; }
