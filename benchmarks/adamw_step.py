@@ -18,6 +18,7 @@ import json
 
 import torch
 
+from asyncrl.bench.graph_timing import event_ms
 from asyncrl.bench.trainer import qwen2_config
 from asyncrl.config.schema import OptimConfig
 from asyncrl.models import CausalLM
@@ -25,19 +26,6 @@ from asyncrl.train.compute_weights import ComputeWeights
 from asyncrl.train.flat_adamw import FlatAdamW
 
 HBM_BYTES_PER_S = 4.8e12
-
-
-def timed(step, repeats: int = 20) -> float:
-    """Milliseconds per call, by CUDA events, after three warm-up calls."""
-    for _ in range(3):
-        step()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        step()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
 
 
 def main() -> None:
@@ -59,15 +47,14 @@ def main() -> None:
         parameter.grad = master.grad.clone()
     found_inf, grad_scale = torch.zeros((), device="cuda"), torch.full((), 1.25, device="cuda")
 
-    def torch_step():
-        fused.found_inf, fused.grad_scale = found_inf, grad_scale  # torch's fused kernels read these
-        fused.step()
+    for optimizer in (fused, flat):  # the flags `NonFiniteGuard` sets for a step, read by both
+        optimizer.found_inf, optimizer.grad_scale = found_inf, grad_scale
 
     numel = sum(master.numel() for master in weights.trainable_masters)
     results = {"model": args.model, "parameters": numel,
                "floor_ms": 28 * numel / HBM_BYTES_PER_S * 1e3,
-               "torch_fused_ms": timed(torch_step),
-               "flat_triton_ms": timed(lambda: flat.step(found_inf=found_inf, grad_scale=grad_scale))}
+               "torch_fused_ms": event_ms(fused.step),
+               "flat_triton_ms": event_ms(flat.step)}
     results["max_abs_diff"] = max((master - parameter).abs().max().item()
                                   for master, parameter in zip(flat_model.parameters(), torch_model.parameters()))
     print(json.dumps(results))

@@ -20,6 +20,8 @@ import json
 import torch
 import torch.nn.functional as F
 
+from asyncrl.bench.graph_timing import event_ms
+
 
 PEAK_TFLOPS = 989.0
 
@@ -62,22 +64,6 @@ def flex(num_tokens, row_length, device):
         out = compiled(shape(q), shape(k), shape(v), block_mask=block_mask, enable_gqa=True)
         return out[0].transpose(0, 1)
     return attend
-
-
-def event_ms(launch, warmup: int = 3, repeats: int = 20) -> float:
-    """Milliseconds per eager call, by CUDA events around `repeats` back-to-back calls. Each call is a few large
-    kernels (tens of microseconds or more), so queueing them keeps ahead of the GPU; capturing the backward of
-    flash's varlen op in a graph of its own failed (cudaErrorStreamCaptureInvalidated), in the whole update it
-    does not."""
-    for _ in range(warmup):
-        launch()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        launch()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) / repeats
 
 
 def measure(name, attend, q, k, v, starts, row_length, reference, flops_forward):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 import math
 from typing import Optional
 
@@ -74,8 +75,7 @@ class ComputeWeights:
         # (`SelfAttention.project`; two kernels per layer and micro-batch, ~1.2 ms of a 0.25 s 0.5B update on an
         # H200). Its gradient is split back into the three masters' gradients as it is accumulated.
         self.stacked: list[tuple[SelfAttention, Tensor, Optional[Tensor]]] = []
-        self.stacked_sources: list[tuple[Tensor, Tensor]] = []   # (rows of a stacked copy, master), for refresh
-        self.stacked_targets: list[list[tuple[Tensor, slice]]] = []  # per stacked copy: (master grad, its rows)
+        self.stacked_blocks: list[list[_Block]] = []  # per stacked copy, in `trainable` order: its masters' rows
         for attention in (module for module in model.modules() if isinstance(module, SelfAttention)):
             projections = (attention.q_proj, attention.k_proj, attention.v_proj)
             if attention.qkv_weight is not None or not all(p.weight.requires_grad for p in projections):
@@ -94,13 +94,12 @@ class ComputeWeights:
         # Static like the Parameters, so a compiled layer keeps only the token count symbolic.
         torch._dynamo.mark_static(stacked)
         stacked.requires_grad_(True)
-        targets, offset = [], 0
+        blocks, offset = [], 0
         for master in masters:
             rows = slice(offset, offset + master.shape[0])
-            self.stacked_sources.append((stacked.detach()[rows], master))
-            targets.append((master.grad, rows))
+            blocks.append(_Block(master, rows, stacked.detach()[rows]))
             offset += master.shape[0]
-        self.stacked_targets.append(targets)
+        self.stacked_blocks.append(blocks)
         return stacked
 
     def refresh(self) -> None:
@@ -109,9 +108,9 @@ class ComputeWeights:
             self.flat_copies.copy_(self.flat_masters)  # padding between the parts included: zeros both sides
             if self.frozen_masters:
                 torch._foreach_copy_(self.frozen_copies, self.frozen_masters)
-            if self.stacked_sources:
-                torch._foreach_copy_([rows for rows, _ in self.stacked_sources],
-                                     [master for _, master in self.stacked_sources])
+            if self.stacked_blocks:
+                blocks = [block for stacked in self.stacked_blocks for block in stacked]
+                torch._foreach_copy_([block.copy_rows for block in blocks], [block.master for block in blocks])
 
     @contextmanager
     def applied(self) -> Iterator[None]:
@@ -142,9 +141,9 @@ class ComputeWeights:
         num_copies = len(self.trainable_masters)
         pairs = [(master.grad, gradient) for master, gradient in zip(self.trainable_masters, gradients[:num_copies])
                  if gradient is not None]
-        for targets, gradient in zip(self.stacked_targets, gradients[num_copies:]):
+        for blocks, gradient in zip(self.stacked_blocks, gradients[num_copies:]):
             if gradient is not None:
-                pairs.extend((grad, gradient[rows]) for grad, rows in targets)
+                pairs.extend((block.master.grad, gradient[block.rows]) for block in blocks)
         if pairs:
             # Mixed dtypes: each add reads the compute-dtype gradient and sums in fp32, no fp32 copy of it.
             self.add([grad for grad, _ in pairs], [gradient for _, gradient in pairs])
@@ -152,6 +151,14 @@ class ComputeWeights:
     def zero_grads(self) -> None:
         """Zeroes the masters' gradients in place."""
         self.flat_grads.zero_()
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A master's rows in a stacked compute copy."""
+    master: nn.Parameter
+    rows: slice
+    copy_rows: Tensor  # the stacked copy's rows (a view, no autograd), which `refresh` writes
 
 
 def carve(shapes: Sequence[torch.Size], dtype: torch.dtype, device: torch.device) -> tuple[Tensor, list[Tensor]]:

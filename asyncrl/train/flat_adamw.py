@@ -1,7 +1,7 @@
 """AdamW over a `ComputeWeights`' flat masters: on CUDA one Triton kernel per step, elsewhere torch's AdamW.
 
     optimizer = FlatAdamW(weights, config)      # weights: ComputeWeights (actor.cuda_graphs)
-    optimizer.step(found_inf=flag, grad_scale=1 / clip_coefficient)   # CUDA: one kernel; flags on the device
+    optimizer.step()                            # CUDA: one kernel, reading `found_inf` / `grad_scale` if set
 
 Why. The masters, their gradients and (here) both moments lie in flat buffers at the same offsets, so a step is one
 pass over flat memory (`triton_adamw.adamw_step_`) instead of torch's fused kernel's 25 multi-tensor launches
@@ -39,24 +39,21 @@ class FlatAdamW(torch.optim.AdamW):
         self.flat_exp_avg_sq, self.exp_avg_sq_parts = carve(shapes, torch.float32, params[0].device)
         self._state_is_flat = False
 
+    # Torch's fused AdamW reads these two from the optimizer (AMP's GradScaler sets them); `NonFiniteGuard` sets
+    # them for a step, on torch's AdamW and this one alike.
+    found_inf: Optional[Tensor] = None   # 0-dim 1.0 / 0.0 on the device: skip the step there
+    grad_scale: Optional[Tensor] = None  # 0-dim on the device: the gradients are divided by it
+
     @torch.no_grad()
-    def step(self, closure=None, found_inf: Optional[Tensor] = None, grad_scale: Optional[Tensor] = None):
-        """On CUDA, with the masters' gradients the flat ones: one kernel over the flat buffers, the gradients
-        divided by `grad_scale` (0-dim, on the device) and the step skipped on the device when `found_inf`
-        (0-dim, 1.0 or 0.0) is set. Otherwise torch's AdamW (the flags only as torch's fused kernels take them)."""
+    def step(self, closure=None):
+        """On CUDA, with the masters' gradients the flat ones: one kernel over the flat buffers, with the flags
+        above. Otherwise torch's AdamW (CPU; or torch's state-dict helpers, which step once with gradients of
+        their own)."""
         params = self.param_groups[0]["params"]
         flat_grads = all(param.grad is grad for param, grad in zip(params, self.weights.flat_grad_parts))
         if not (self.fused_kernel and flat_grads):
-            # torch's step (CPU; or torch's state-dict helpers, which step once with gradients of their own)
-            self._state_is_flat = False  # it may create state entries of its own
-            flags = {name: flag for name, flag in (("found_inf", found_inf), ("grad_scale", grad_scale))
-                     if flag is not None}
-            vars(self).update(flags)  # read by torch's Adam.step for its fused kernels
-            try:
-                return super().step(closure)
-            finally:
-                for name in flags:
-                    delattr(self, name)
+            self._state_is_flat = False  # torch's step may create state entries of its own
+            return super().step(closure)
         from asyncrl.train.triton_adamw import adamw_step_  # triton: CUDA installs only
 
         loss = None if closure is None else closure()
@@ -65,10 +62,10 @@ class FlatAdamW(torch.optim.AdamW):
         torch._foreach_add_(steps, 1.0)
         group = self.param_groups[0]
         adamw_step_(self.weights.flat_masters, self.weights.flat_grads, self.flat_exp_avg, self.flat_exp_avg_sq,
-                    steps[0], float(group["lr"]), group["betas"], group["eps"], group["weight_decay"], found_inf,
-                    grad_scale)
-        if found_inf is not None:
-            torch._foreach_sub_(steps, [found_inf] * len(steps))
+                    steps[0], float(group["lr"]), group["betas"], group["eps"], group["weight_decay"],
+                    self.found_inf, self.grad_scale)
+        if self.found_inf is not None:
+            torch._foreach_sub_(steps, [self.found_inf] * len(steps))
         return loss
 
     def load_state_dict(self, state_dict: dict) -> None:

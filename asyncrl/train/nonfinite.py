@@ -11,7 +11,7 @@ with the norm's non-finiteness as the flag (the kernel then leaves parameters, m
 and 1 / the clip coefficient as the divisor, and the host reads the norm afterwards. Reading it first made the GPU
 wait while the host prepared the step (1.8 ms of a 0.26 s graphed 0.5B update on an H200), and the separate pass
 scaling the gradients cost ~1.1 ms more (2 GB of fp32 gradients read and written). `FlatAdamW` (the graphed
-trainer's) takes the same two flags as arguments. Other optimizers get their gradients scaled first and are stepped
+trainer's) reads the same two flags. Other optimizers get their gradients scaled first and are stepped
 after the host has read the norm.
 """
 
@@ -22,7 +22,6 @@ import math
 import torch
 from torch import nn
 
-from asyncrl.train.flat_adamw import FlatAdamW
 from asyncrl.train.parallel import clip_coefficient, clip_gradients
 
 
@@ -46,15 +45,12 @@ class NonFiniteGuard:
             flags = {"found_inf": (~torch.isfinite(grad_norm)).float()}
             if max_norm > 0:
                 flags["grad_scale"] = 1.0 / clip_coefficient(grad_norm, max_norm)
-            if isinstance(optimizer, FlatAdamW):
-                optimizer.step(**flags)
-            else:
-                vars(optimizer).update(flags)  # read by torch's Adam.step for its fused kernels
-                try:
-                    optimizer.step()
-                finally:
-                    for name in flags:
-                        delattr(optimizer, name)
+            vars(optimizer).update(flags)  # read by torch's Adam.step for its fused kernels, and by FlatAdamW's
+            try:
+                optimizer.step()
+            finally:
+                for name in flags:
+                    delattr(optimizer, name)
             norm = float(grad_norm)
         else:
             norm = float(grad_norm)

@@ -32,16 +32,15 @@ COMBINE_ROWS = 64  # rows per program of the segments' merge
 
 
 @triton.jit
-def _statistics_kernel(logits_ptr, targets_ptr, log_probs_ptr, entropy_ptr, lse_ptr, vocab_size, row_stride,
-                       inverse_temperature, BLOCK: tl.constexpr, WITH_ENTROPY: tl.constexpr):
-    row = tl.program_id(0)
-    row_logits = logits_ptr + row.to(tl.int64) * row_stride
+def _online_softmax(row_logits, first, last, inverse_temperature, BLOCK: tl.constexpr, WITH_ENTROPY: tl.constexpr):
+    """Over columns [first, last) of one row, with z = logits / T: (max, sum of exp(z - max), and with the entropy
+    sum of exp(z - max) (z - max) <= 0, else 0), walked in blocks."""
     running_max = tl.full((), float("-inf"), tl.float32)
-    running_sum = tl.zeros((), tl.float32)      # sum of exp(z - running_max)
-    running_moment = tl.zeros((), tl.float32)   # sum of exp(z - running_max) (z - running_max), <= 0
-    for start in range(0, vocab_size, BLOCK):
+    running_sum = tl.zeros((), tl.float32)
+    running_moment = tl.zeros((), tl.float32)
+    for start in range(first, last, BLOCK):
         columns = start + tl.arange(0, BLOCK)
-        inside = columns < vocab_size
+        inside = columns < last
         z = tl.load(row_logits + columns, mask=inside, other=0.0).to(tl.float32) * inverse_temperature
         new_max = tl.maximum(running_max, tl.max(tl.where(inside, z, float("-inf")), 0))
         shift = running_max - new_max  # <= 0; -inf on the first block, whose running sums are 0
@@ -54,6 +53,16 @@ def _statistics_kernel(logits_ptr, targets_ptr, log_probs_ptr, entropy_ptr, lse_
             running_moment = carried + tl.sum(probs * tl.where(inside, centred, 0.0), 0)
         running_sum = running_sum * correction + tl.sum(probs, 0)
         running_max = new_max
+    return running_max, running_sum, running_moment
+
+
+@triton.jit
+def _statistics_kernel(logits_ptr, targets_ptr, log_probs_ptr, entropy_ptr, lse_ptr, vocab_size, row_stride,
+                       inverse_temperature, BLOCK: tl.constexpr, WITH_ENTROPY: tl.constexpr):
+    row = tl.program_id(0)
+    row_logits = logits_ptr + row.to(tl.int64) * row_stride
+    running_max, running_sum, running_moment = _online_softmax(row_logits, 0, vocab_size, inverse_temperature,
+                                                               BLOCK, WITH_ENTROPY)
     log_sum = tl.log(running_sum)
     lse = running_max + log_sum
     target_logit = tl.load(row_logits + tl.load(targets_ptr + row)).to(tl.float32) * inverse_temperature
@@ -67,29 +76,12 @@ def _statistics_kernel(logits_ptr, targets_ptr, log_probs_ptr, entropy_ptr, lse_
 @triton.jit
 def _segment_statistics_kernel(logits_ptr, partials_ptr, vocab_size, row_stride, segment_length, inverse_temperature,
                                BLOCK: tl.constexpr, SEGMENTS: tl.constexpr, WITH_ENTROPY: tl.constexpr):
-    """The online softmax of one row's vocabulary segment: (max, sum of exp(z - max), sum of exp(z - max)
-    (z - max)) into partials (rows, 3, SEGMENTS)."""
+    """`_online_softmax` of one row's vocabulary segment, into partials (rows, 3, SEGMENTS)."""
     row, segment = tl.program_id(0), tl.program_id(1)
     row_logits = logits_ptr + row.to(tl.int64) * row_stride
     first = segment * segment_length
-    last = tl.minimum(first + segment_length, vocab_size)
-    running_max = tl.full((), float("-inf"), tl.float32)
-    running_sum = tl.zeros((), tl.float32)
-    running_moment = tl.zeros((), tl.float32)
-    for start in range(first, last, BLOCK):
-        columns = start + tl.arange(0, BLOCK)
-        inside = columns < last
-        z = tl.load(row_logits + columns, mask=inside, other=0.0).to(tl.float32) * inverse_temperature
-        new_max = tl.maximum(running_max, tl.max(tl.where(inside, z, float("-inf")), 0))
-        shift = running_max - new_max
-        correction = tl.exp(shift)
-        centred = z - new_max
-        probs = tl.where(inside, tl.exp(centred), 0.0)
-        if WITH_ENTROPY:
-            carried = tl.where(running_sum > 0.0, correction * (running_moment + shift * running_sum), 0.0)
-            running_moment = carried + tl.sum(probs * tl.where(inside, centred, 0.0), 0)
-        running_sum = running_sum * correction + tl.sum(probs, 0)
-        running_max = new_max
+    running_max, running_sum, running_moment = _online_softmax(
+        row_logits, first, tl.minimum(first + segment_length, vocab_size), inverse_temperature, BLOCK, WITH_ENTROPY)
     out = partials_ptr + row.to(tl.int64) * 3 * SEGMENTS + segment
     tl.store(out, running_max)
     tl.store(out + SEGMENTS, running_sum)

@@ -66,7 +66,8 @@ def test_the_flat_step_is_torch_adamw_with_its_skip_flag_and_gradient_divisor():
     two, one, zero = (torch.tensor(value, device=DEVICE) for value in (2.0, 1.0, 0.0))
 
     set_gradients(weights, reference_model, seed=0, scale=2.0)
-    optimizer.step(found_inf=zero, grad_scale=two)
+    optimizer.found_inf, optimizer.grad_scale = zero, two  # as `NonFiniteGuard` sets them for a step
+    optimizer.step()
     reference.step()
     assert_same_state(optimizer, reference, model, reference_model, atol=1e-6)
     before = [master.detach().clone() for master in model.parameters()]
@@ -74,12 +75,14 @@ def test_the_flat_step_is_torch_adamw_with_its_skip_flag_and_gradient_divisor():
 
     set_gradients(weights, reference_model, seed=1, scale=1.0)
     weights.trainable_masters[0].grad[0] = float("nan")
-    optimizer.step(found_inf=one, grad_scale=None)
+    optimizer.found_inf, optimizer.grad_scale = one, None
+    optimizer.step()
     assert all(torch.equal(master, saved) for master, saved in zip(model.parameters(), before))
     assert torch.equal(optimizer.flat_exp_avg, moments)
     assert all(float(state["step"]) == 1.0 for state in optimizer.state.values())
 
     set_gradients(weights, reference_model, seed=2, scale=1.0)
+    del optimizer.found_inf  # back to the class's None
     optimizer.step()
     reference.step()
     assert_same_state(optimizer, reference, model, reference_model, atol=1e-6)
