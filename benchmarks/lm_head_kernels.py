@@ -31,10 +31,9 @@ def main() -> None:
     _, entropy, lse = fused_chunk_statistics(logits, targets, 0.9, True)
     scratch = logits.clone()
     cases = {
-        "statistics, fused": (lambda: fused_chunk_statistics(logits, targets, 0.9, True), nbytes),
         **{f"statistics, fused, {segments} segments": (
             lambda segments=segments: fused_chunk_statistics(logits, targets, 0.9, True, segments=segments), nbytes)
-           for segments in (2, 4, 8, 16)},
+           for segments in (1, 2, 4, 8, 16)},
         "statistics, torch": (lambda: chunk_statistics(logits, targets, 0.9, True), nbytes),
         "gradient, fused (in place)": (lambda: fused_chunk_grad_logits_(scratch, targets, lse, grads[0], grads[1],
                                                                         entropy, 0.9), 2 * nbytes),

@@ -269,7 +269,7 @@ def test_statistics_split_over_vocabulary_segments_equal_the_one_program_per_row
     scales = torch.tensor([0.1, 1.0, 4.0, 30.0]).repeat(18)[:70, None]
     logits = (torch.randn(70, vocab_size, generator=generator) * scales).to(FUSED_DEVICE)
     target_ids = torch.randint(0, vocab_size, (70,), generator=generator).to(FUSED_DEVICE)
-    single = fused_chunk_statistics(logits, target_ids, 0.7, with_entropy)
+    single = fused_chunk_statistics(logits, target_ids, 0.7, with_entropy, segments=1)
     split = fused_chunk_statistics(logits, target_ids, 0.7, with_entropy, segments=segments)
     expected = chunk_statistics(logits, target_ids, 0.7, with_entropy)
     for name, one, many, want in zip(("log_probs", "entropy", "lse"), single, split, expected):
