@@ -6,6 +6,10 @@ the K and V bytes every program must read (the step's floor), so it compares dir
 4.8 TB/s.
 With `--spread`, context lengths are uniform in context +- spread / 2 (a real batch's mix), in random order
 or longest first (`--longest-first`).
+
+`--layers N` gives each of N launches in a graph its own cache, as the engine's N layers have: with one cache,
+the replays re-read the same ~140 MB of K/V and part of it comes from the 50 MB L2, so the kernel measures
+faster than it runs in the engine, where a step streams 24 distinct layers from HBM.
 """
 
 import argparse
@@ -18,11 +22,12 @@ from asyncrl.bench.models import qwen2_config
 from asyncrl.engine.triton_kernels import TILE_ELEMENTS, paged_decode_attention
 
 
-def time_ms(function, repeats: int = 20) -> float:
-    """Mean milliseconds per launch, `repeats` launches in one CUDA graph (`graph_replay_ms`)."""
+def time_ms(function, num_layers: int, repeats: int = 24) -> float:
+    """Mean milliseconds per launch, `repeats` launches in one CUDA graph (`graph_replay_ms`), launch i on
+    layer i % num_layers."""
     def launch() -> None:
-        for _ in range(repeats):
-            function()
+        for index in range(repeats):
+            function(index % num_layers)
     return graph_replay_ms(launch) / repeats
 
 
@@ -39,6 +44,8 @@ def main() -> None:
     parser.add_argument("--warps", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4],
                         help="software-pipelining depth; K/V tiles get a second buffer only from 5 on")
+    parser.add_argument("--layers", type=int, default=1, help="distinct caches launched in turn (24: the engine's "
+                        "cold L2; 1: one cache re-read, partly from L2)")
     options = parser.parse_args()
     config = qwen2_config(options.model)
     heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -47,26 +54,30 @@ def main() -> None:
     num_blocks = options.batch * blocks_per_sequence
     generator = torch.Generator(device="cuda").manual_seed(0)
     shape = (num_blocks, options.block_size, kv_heads, dim)
-    key_cache = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator)
-    value_cache = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+    key_caches = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+                  for _ in range(options.layers)]
+    value_caches = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+                    for _ in range(options.layers)]
     # Shuffled blocks, as a long-running cache hands them out.
     tables = torch.randperm(num_blocks, device="cuda", generator=generator).view(options.batch, -1).to(torch.int32)
     lengths = torch.randint(options.context - options.spread // 2, longest + 1, (options.batch,), device="cuda",
                             generator=generator, dtype=torch.int32)
-    if options.longest_first:
-        lengths = lengths.sort(descending=True).values
+    # Longest first through the kernel's row order, as the engine launches a mixed batch.
+    order = lengths.argsort(descending=True).to(torch.int32) if options.longest_first else None
     query = torch.randn((options.batch, heads, dim), device="cuda", dtype=torch.bfloat16, generator=generator)
     kv_bytes = 2 * int(lengths.sum()) * kv_heads * dim * 2
     print(f"{options.model}: batch {options.batch}, context {options.context} +- {options.spread // 2}"
-          f"{' longest first' if options.longest_first else ''}, KV read {kv_bytes / 1e6:.0f} MB")
-    reference = paged_decode_attention(query, key_cache, value_cache, tables, lengths)
+          f"{' longest first' if options.longest_first else ''}, KV read {kv_bytes / 1e6:.0f} MB per launch, "
+          f"{options.layers} distinct caches")
+    reference = paged_decode_attention(query, key_caches[0], value_caches[0], tables, lengths)
     results = []
     for splits, tile, warps, stages in itertools.product(options.splits, options.tiles, options.warps, options.stages):
-        def run():
-            return paged_decode_attention(query, key_cache, value_cache, tables, lengths, splits, tile, warps, stages)
+        def run(layer: int = 0):
+            return paged_decode_attention(query, key_caches[layer], value_caches[layer], tables, lengths, splits, tile,
+                                          warps, stages, row_order=order)
         try:
             error = (run().float() - reference.float()).abs().max().item()
-            milliseconds = time_ms(run)
+            milliseconds = time_ms(run, options.layers)
         except Exception as exception:  # a configuration the compiler rejects (e.g. shared memory)
             print(f"splits {splits} tile {tile} warps {warps} stages {stages}: {type(exception).__name__}")
             continue

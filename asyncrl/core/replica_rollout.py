@@ -21,7 +21,8 @@ import torch
 from asyncrl.config import AsyncRLConfig
 from asyncrl.core.rollout import PendingGeneration, spread
 from asyncrl.core.trainer_group import TrainerGroup
-from asyncrl.distributed.remote import RemoteCallError, RemoteUnavailableError, settle, wait_for_all
+from asyncrl.distributed.remote import (STILL_RUNNING, RemoteCallError, RemoteTimeoutError, RemoteUnavailableError,
+                                       settle, wait_for_all)
 from asyncrl.distributed.resource_pool import worker_name
 from asyncrl.distributed.weight_transport import TransferPlan
 from asyncrl.engine import GenerationRequest, GenerationResult
@@ -38,6 +39,11 @@ def transfer_plan(config: AsyncRLConfig, engine_dtype: torch.dtype) -> TransferP
         model = CausalLM(model_config)
     named_shapes = [(name, tuple(parameter.shape)) for name, parameter in model.named_parameters()]
     return TransferPlan.build(named_shapes, engine_dtype, config.weight_sync.bucket_mb << 20)
+
+
+# Members of one transfer start within moments of each other, so their transports time out within this of
+# `weight_sync.timeout_s` after the transfer's start.
+SETTLE_GRACE_S = 5.0
 
 
 class ReplicaRollout:
@@ -124,16 +130,24 @@ class ReplicaRollout:
         refs = [actor.send_weights.remote() for actor in self.trainers.actors]
         refs += [replica.receive_weights.remote(version) for replica in self.replicas]
         names = self.trainers.names + self.names
+        started = time.monotonic()
         try:
             self.wait(refs, names, "sync_weights", self.sync_timeout_s)
-        except RemoteCallError:
+        except RemoteCallError as error:
             # The surviving members see the broken group only when their transport times out (gloo waits
-            # for a dead receiver's ready signal until `weight_sync.timeout_s`); wait for them, so a new
-            # group is not queued behind a stuck broadcast.
-            started = time.monotonic()
-            outcomes = settle(refs, names, self.sync_timeout_s)
-            logger.warning("weight sync members settled %.1fs after the failure: %s", time.monotonic() - started,
+            # for a dead receiver's ready signal until `weight_sync.timeout_s`, counted from the transfer's
+            # start); wait for them, so a new group is not queued behind a stuck broadcast.
+            failed = time.monotonic()
+            outcomes = settle(refs, names, max(0.0, started + self.sync_timeout_s + SETTLE_GRACE_S - failed))
+            logger.warning("weight sync members settled %.1fs after the failure: %s", time.monotonic() - failed,
                            outcomes)
+            stuck = [name for name, outcome in outcomes.items() if outcome == STILL_RUNNING]
+            if stuck:
+                # A member that never took part makes the others' transports time out, and one of those
+                # errors may arrive before the wait's own deadline: the member to blame is the stuck one.
+                raise RemoteTimeoutError(f"{', '.join(stuck)}: sync_weights did not answer within "
+                                         f"{self.sync_timeout_s:.0f}s (the other members' transports gave up "
+                                         f"waiting for it: {error})") from error
             raise
         self.version = version
 

@@ -50,14 +50,17 @@ def wait_for_all(refs: Sequence[ray.ObjectRef], components: Sequence[str], call:
     return [results[ref] for ref in refs]
 
 
+STILL_RUNNING = "still running"
+
+
 def settle(refs: Sequence[ray.ObjectRef], components: Sequence[str], timeout_s: float) -> dict[str, str]:
     """Wait (up to `timeout_s`) for calls whose siblings failed, so a retry does not queue behind them;
-    returns each component's outcome ("ok", the error, or "still running")."""
+    returns each component's outcome ("ok", the error, or `STILL_RUNNING`)."""
     ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
     outcomes = {}
     for ref, component in zip(refs, components):
         if ref not in ready:
-            outcomes[component] = "still running"
+            outcomes[component] = STILL_RUNNING
             continue
         try:
             ray.get(ref, timeout=0)

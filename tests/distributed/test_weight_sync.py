@@ -129,6 +129,10 @@ def test_a_replica_that_never_joins_the_transfer_fails_the_sync_in_time_naming_i
     rollout = ReplicaRollout([stuck], trainers, config, torch.float32, lambda: address)
     rollout.names = ["rollout/replica7"]
     rollout.connect_weights()
+    # The trainer's gloo send gives up after the group's 20 s; the wait's deadline comes a second later, so
+    # the trainer's transport error arrives first (the order a loaded machine can produce at equal limits):
+    # the error must still name the replica that never took part, not the trainer that gave up on it.
+    rollout.sync_timeout_s = config.weight_sync.timeout_s + 1
     started = time.monotonic()
     with pytest.raises(RemoteTimeoutError, match="rollout/replica7"):
         rollout.sync_weights(99)
