@@ -44,6 +44,8 @@ def main() -> None:
     parser.add_argument("--warps", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4],
                         help="software-pipelining depth; K/V tiles get a second buffer only from 5 on")
+    parser.add_argument("--max-registers", type=int, nargs="+", default=[0],
+                        help="registers per thread caps (0: the compiler's choice)")
     parser.add_argument("--layers", type=int, default=1, help="distinct caches launched in turn (24: the engine's "
                         "cold L2; 1: one cache re-read, partly from L2)")
     options = parser.parse_args()
@@ -71,22 +73,25 @@ def main() -> None:
           f"{options.layers} distinct caches")
     reference = paged_decode_attention(query, key_caches[0], value_caches[0], tables, lengths)
     results = []
-    for splits, tile, warps, stages in itertools.product(options.splits, options.tiles, options.warps, options.stages):
+    for splits, tile, warps, stages, registers in itertools.product(options.splits, options.tiles, options.warps,
+                                                                    options.stages, options.max_registers):
         def run(layer: int = 0):
             return paged_decode_attention(query, key_caches[layer], value_caches[layer], tables, lengths, splits, tile,
-                                          warps, stages, row_order=order)
+                                          warps, stages, row_order=order, max_registers=registers or None)
         try:
             error = (run().float() - reference.float()).abs().max().item()
             milliseconds = time_ms(run, options.layers)
         except Exception as exception:  # a configuration the compiler rejects (e.g. shared memory)
-            print(f"splits {splits} tile {tile} warps {warps} stages {stages}: {type(exception).__name__}")
+            print(f"splits {splits} tile {tile} warps {warps} stages {stages} registers {registers}: "
+                  f"{type(exception).__name__}")
             continue
-        results.append((milliseconds, splits, tile, warps, stages, error))
-    for milliseconds, splits, tile, warps, stages, error in sorted(results)[:12]:
-        print(f"splits {splits} tile {tile:3d} warps {warps} stages {stages}: {milliseconds * 1e3:6.1f} us "
+        results.append((milliseconds, splits, tile, warps, stages, registers, error))
+    for milliseconds, splits, tile, warps, stages, registers, error in sorted(results)[:16]:
+        print(f"splits {splits} tile {tile:3d} warps {warps} stages {stages} registers {registers or '-':>3}: "
+              f"{milliseconds * 1e3:6.1f} us "
               f"{kv_bytes / milliseconds / 1e9:5.2f} TB/s (max diff {error:.1e})")
     default_tile = TILE_ELEMENTS // max(16, dim)
-    default = [r for r in results if r[1:5] == (1, default_tile, 4, 3)]
+    default = [r for r in results if r[1:6] == (1, default_tile, 4, 3, 0)]
     if default:
         print(f"current default (splits 1, tile {default_tile}, warps 4, stages 3): {default[0][0] * 1e3:.1f} us")
 

@@ -193,7 +193,8 @@ TILE_ELEMENTS = 8192
 def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                            context_lens: Tensor, num_splits: int = 1, tile: int | None = None, num_warps: int = 4,
                            num_stages: int = 3, new_key: Tensor | None = None, new_value: Tensor | None = None,
-                           write_slots: Tensor | None = None, row_order: Tensor | None = None) -> Tensor:
+                           write_slots: Tensor | None = None, row_order: Tensor | None = None,
+                           max_registers: int | None = None) -> Tensor:
     """query (S, Hq, D) of each sequence's newest token; key/value caches (num_blocks, block_size, Hkv, D);
     block_tables (S, W) int32; context_lens (S,) int32 (>= 1) -> (S, Hq, D) in the query's dtype.
     `num_splits` divides each context among that many programs (more parallelism for small batches);
@@ -206,7 +207,9 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
 
     `row_order` (S,) int32, a permutation of the sequences, is the order their programs start in: longest
     context first keeps a mixed batch's longest programs from starting last (measured on an H200 at 256
-    sequences with contexts 640-1536: 52 -> 43 us per layer)."""
+    sequences with contexts 640-1536: 52 -> 43 us per layer).
+
+    `max_registers` caps the registers per thread (ptx .maxnreg), so more programs fit on an SM."""
     write_new = new_key is not None
     if write_new and (new_value is None or write_slots is None or new_key.stride(2) != 1 or new_value.stride(2) != 1):
         raise ValueError("paged_decode_attention: new_key and new_value (head dimension contiguous) and write_slots "
@@ -238,6 +241,7 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
         HEAD_DIM=head_dim, HEAD_PAD=head_pad, BLOCK_SIZE=block_size, TILE=tile, TILE_IN_BLOCK=block_size % tile == 0,
         NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", WRITE_NEW=write_new,
         ORDERED=row_order is not None, num_warps=num_warps, num_stages=num_stages,
+        **({} if max_registers is None else {"maxnreg": max_registers}),
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_sequences, num_heads)](
