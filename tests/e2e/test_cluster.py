@@ -74,11 +74,17 @@ def two_node_cluster():
         yield address
     finally:
         for node in reversed(nodes):
-            os.killpg(node.pid, signal.SIGTERM)
+            # SIGTERM to `ray start` alone: it drains the node through the GCS, then stops the node's processes.
+            # Sent to the whole group, the GCS dies first and the head's drain waits 30 s for it.
+            node.send_signal(signal.SIGTERM)
             try:
                 node.wait(timeout=60)
             except subprocess.TimeoutExpired:
+                pass
+            try:  # whatever of the node's processes is left
                 os.killpg(node.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
