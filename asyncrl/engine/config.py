@@ -12,6 +12,8 @@ import torch
 
 from asyncrl.config.schema import RolloutConfig
 
+DECODE_ATTENTION_KERNELS = ("auto", "triton", "cuda")
+
 
 @dataclass
 class EngineConfig:
@@ -35,6 +37,10 @@ class EngineConfig:
     # Launch the next decode before postprocessing the current one, overlapping host work with the device
     # (see `LLMEngine.step`); outputs are the same either way.
     async_scheduling: bool = True
+    # The CUDA decode-attention kernel: "triton" (`triton_kernels`), "cuda" (the CUDA C++ kernel of
+    # `cuda_decode`, built on first use; an error where it cannot be built) or "auto" (the CUDA kernel where it
+    # builds, else Triton). Calls the CUDA kernel does not cover (fp16/fp32, split contexts) go to Triton.
+    decode_attention: str = "triton"
     device: str = "cpu"
     dtype: torch.dtype | None = None
 
@@ -49,6 +55,9 @@ class EngineConfig:
             raise ValueError(f"engine.num_kv_blocks must be positive or None, got {self.num_kv_blocks}")
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise ValueError(f"engine.max_model_len must be > 1 or None, got {self.max_model_len}")
+        if self.decode_attention not in DECODE_ATTENTION_KERNELS:
+            raise ValueError(f"engine.decode_attention must be one of {DECODE_ATTENTION_KERNELS}, "
+                             f"got {self.decode_attention!r}")
         if torch.device(self.device).type not in ("cpu", "cuda"):
             raise ValueError(f"engine.device must be 'cpu' or 'cuda[:i]', got {self.device!r}")
 

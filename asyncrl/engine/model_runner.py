@@ -47,10 +47,19 @@ from asyncrl.models.transformer import CausalLM
 logger = logging.getLogger(__name__)
 
 
-def load_cuda_kernels() -> tuple[DecodeKernel, FusedSampleKernel]:
+def load_cuda_kernels(decode_attention: str) -> tuple[DecodeKernel, FusedSampleKernel]:
+    """The decode-attention kernel `EngineConfig.decode_attention` names, and the fused sampler."""
     # Imported here, not at the top: triton ships with CUDA installs only.
     from asyncrl.engine import triton_kernels, triton_sampler
-    return triton_kernels.paged_decode_attention, triton_sampler.fused_sample
+    decode_kernel: DecodeKernel = triton_kernels.paged_decode_attention
+    if decode_attention != "triton":
+        from asyncrl.engine import cuda_decode
+        built = cuda_decode.load_decode_kernel()
+        if built is None and decode_attention == "cuda":
+            raise RuntimeError("engine.decode_attention='cuda': the CUDA decode-attention kernel could not be built "
+                               "(see the warning above); use 'auto' or 'triton'")
+        decode_kernel = built or decode_kernel
+    return decode_kernel, triton_sampler.fused_sample
 
 
 class ModelRunner:
@@ -67,7 +76,7 @@ class ModelRunner:
         self.device = config.torch_device
         self.max_model_len = max_model_len
         self.block_size = config.block_size
-        decode_kernel, sample_kernel = load_cuda_kernels() if config.is_cuda else (None, None)
+        decode_kernel, sample_kernel = load_cuda_kernels(config.decode_attention) if config.is_cuda else (None, None)
         self.decode_kernel = decode_kernel
         self.sampler = Sampler(sample_kernel)
         self.num_processors = (torch.cuda.get_device_properties(self.device).multi_processor_count

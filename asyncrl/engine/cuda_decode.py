@@ -1,0 +1,76 @@
+"""The CUDA C++ paged decode-attention kernel (`csrc/paged_decode.cu`), built on first use.
+
+    kernel = load_decode_kernel()      # None where it cannot be built: the Triton kernel stays
+    output = kernel(query, key_cache, value_cache, block_tables, context_lens, 1, new_key=..., ...)
+
+Same calling convention and results as `triton_kernels.paged_decode_attention` (the engine's `DecodeKernel`),
+for the cases it covers: bf16, head dimension 64 or 128, at most 8 query heads per KV head, blocks a multiple
+of 16 positions, one context split. Anything else (fp16/fp32, the small batches that split their contexts)
+goes to the Triton kernel, so the engine never needs to know which one ran.
+
+It is built with torch's extension builder (nvcc and ninja, the CUDA toolkit torch was built against) into
+torch's extension cache, once per machine. Where that fails (no toolkit), `load_decode_kernel` logs why and
+returns None.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from asyncrl.engine import triton_kernels
+from asyncrl.engine.attention import DecodeKernel
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cu"
+_DECLARATION = ("torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache, "
+                "torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor new_key, "
+                "torch::Tensor new_value, torch::Tensor write_slots, std::optional<torch::Tensor> row_order, "
+                "int64_t warps, int64_t stages);")
+TILE = 16  # positions per warp step: the block size must be a multiple of it
+MAX_GROUP = 8  # query heads per KV head: the rows of one tensor-core fragment
+
+
+@functools.cache
+def _extension():
+    from torch.utils.cpp_extension import load_inline
+    return load_inline(name="asyncrl_paged_decode", cpp_sources=_DECLARATION, cuda_sources=SOURCE.read_text(),
+                       functions=["paged_decode"], extra_cuda_cflags=["-O3"], verbose=False)
+
+
+def covers(query: Tensor, key_cache: Tensor, num_splits: int) -> bool:
+    """Whether the CUDA kernel handles this call (else the Triton kernel does)."""
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    return (num_splits == 1 and query.dtype == torch.bfloat16 and key_cache.dtype == torch.bfloat16
+            and head_dim in (64, 128) and block_size % TILE == 0 and num_heads // num_kv_heads <= MAX_GROUP
+            and query.stride(1) % 8 == 0 and query.stride(0) % 8 == 0)
+
+
+def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+                           context_lens: Tensor, num_splits: int = 1, *, new_key: Tensor, new_value: Tensor,
+                           write_slots: Tensor, row_order: Tensor | None = None, num_warps: int = 4,
+                           num_stages: int = 3) -> Tensor:
+    """`DecodeKernel`: the CUDA kernel where it `covers` the call, the Triton kernel elsewhere."""
+    if not covers(query, key_cache, num_splits):
+        return triton_kernels.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens,
+                                                     num_splits, new_key=new_key, new_value=new_value,
+                                                     write_slots=write_slots, row_order=row_order)
+    return _extension().paged_decode(query, key_cache, value_cache, block_tables, context_lens, new_key, new_value,
+                                     write_slots, row_order, num_warps, num_stages)
+
+
+def load_decode_kernel() -> DecodeKernel | None:
+    """The CUDA kernel, built now (a minute the first time on a machine), or None if it cannot be built."""
+    try:
+        _extension()
+    except Exception as error:  # no CUDA toolkit, a compiler error: the Triton kernel serves instead
+        logger.warning("CUDA decode-attention kernel not built (%s: %s); using the Triton kernel",
+                       type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+        return None
+    return paged_decode_attention
