@@ -1,0 +1,128 @@
+"""The CUDA C++ decode-attention kernel (`asyncrl.engine.cuda_decode`) against fp32 attention and against the
+Triton kernel it stands in for (skipped without a GPU; the first test builds the kernel, a minute or two), and the engine's choice of kernel.
+
+    python -m pytest tests/engine/test_cuda_decode.py -q
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
+from asyncrl.engine.attention import AttentionMetadata, torch_paged_attention
+from asyncrl.models import load_model
+
+from .helpers import prompt
+from .test_cuda_engine import dense_log_probs_cuda, wide_folder  # noqa: F401 (a fixture)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def decode_case(context_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                seed: int):
+    """bf16 caches of shuffled blocks with NaN in every slot past a context, the slot of each context's last
+    position, and q / new k / new v as strided views of one projection output (as the engine passes them)."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    width = max(-(-length // block_size) for length in context_lens)
+    num_blocks = len(context_lens) * width + 1
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+    value_cache = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+    tables = torch.randperm(num_blocks - 1, device="cuda", generator=generator)
+    tables = tables.view(len(context_lens), width).to(torch.int32)
+    for row, length in enumerate(context_lens):
+        for position in range(length, width * block_size):
+            block = tables[row, position // block_size]
+            key_cache[block, position % block_size] = float("nan")
+            value_cache[block, position % block_size] = float("nan")
+    lengths = torch.tensor(context_lens, device="cuda", dtype=torch.int32)
+    positions = lengths.long() - 1
+    slots = tables.long().gather(1, (positions // block_size)[:, None]).squeeze(1) * block_size + positions % block_size
+    qkv = torch.randn((len(context_lens), (num_heads + 2 * num_kv_heads) * head_dim), device="cuda",
+                      dtype=torch.bfloat16, generator=generator)
+    query = qkv[:, : num_heads * head_dim].view(-1, num_heads, head_dim)
+    new_key = qkv[:, num_heads * head_dim: (num_heads + num_kv_heads) * head_dim].view(-1, num_kv_heads, head_dim)
+    new_value = qkv[:, (num_heads + num_kv_heads) * head_dim:].view(-1, num_kv_heads, head_dim)
+    return query, key_cache, value_cache, tables, lengths, slots, new_key, new_value
+
+
+def fp32_reference(query, key_cache, value_cache, tables, lengths) -> torch.Tensor:
+    """The torch path on float32 copies of a cache that already holds the new keys/values."""
+    metadata = AttentionMetadata(
+        write_slots=torch.zeros(0, dtype=torch.int64), write_rows=None, block_tables=tables, context_lens=lengths,
+        query_lens=torch.ones(len(lengths), dtype=torch.int64, device="cuda"),
+        query_token_indices=torch.arange(len(lengths), device="cuda"), max_query_len=1,
+        max_context_len=int(lengths.max()), is_decode=True)
+    return torch_paged_attention(query.float(), key_cache.float(), value_cache.float(), metadata)
+
+
+# Head shapes of Qwen2.5-0.5B (14 over 2, dim 64) and 1.5B (12 over 2, dim 128), and one query head per kv head.
+@needs_cuda
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(14, 2, 64), (12, 2, 128), (4, 4, 64)])
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+@pytest.mark.parametrize("warps,stages", [(4, 2), (4, 3), (8, 4)])
+def test_cuda_decode_stores_the_new_token_and_matches_fp32_attention(num_heads, num_kv_heads, head_dim, block_size,
+                                                                      warps, stages):
+    from asyncrl.engine import cuda_decode
+
+    # 1: only the new token; 15-17, 31-33: tile edges; 2,047: many tiles per warp.
+    context_lens = [1, 2, 15, 16, 17, 31, 32, 33, 100, 129, 1000, 2047]
+    query, key_cache, value_cache, tables, lengths, slots, new_key, new_value = decode_case(
+        context_lens, num_heads, num_kv_heads, head_dim, block_size, seed=block_size + warps)
+    assert cuda_decode.covers(query, key_cache, 1)
+    row_order = lengths.argsort(descending=True).to(torch.int32)
+    output = cuda_decode.paged_decode_attention(query, key_cache, value_cache, tables, lengths, 1, new_key=new_key,
+                                                new_value=new_value, write_slots=slots, row_order=row_order,
+                                                num_warps=warps, num_stages=stages)
+    flat = (-1, num_kv_heads, head_dim)
+    assert torch.equal(key_cache.view(flat)[slots], new_key) and torch.equal(value_cache.view(flat)[slots], new_value)
+    expected = fp32_reference(query, key_cache, value_cache, tables, lengths)
+    assert torch.isfinite(output).all()
+    # bf16 probabilities in the P V product and a bf16 output: ~3e-3 relative, far below a wrong row's ~1.
+    relative = ((output.float() - expected).norm(dim=-1) / expected.norm(dim=-1)).max().item()
+    assert relative < 1e-2, relative
+
+
+@needs_cuda
+def test_cuda_decode_equals_the_triton_kernel_up_to_rounding_and_defers_what_it_does_not_cover():
+    from asyncrl.engine import cuda_decode, triton_kernels
+
+    context_lens = [3, 64, 700, 1536]
+    case = decode_case(context_lens, 14, 2, 64, 16, seed=7)
+    query, key_cache, value_cache, tables, lengths, slots, new_key, new_value = case
+    caches = [(key_cache.clone(), value_cache.clone()) for _ in range(2)]
+    outputs = [kernel(query, keys, values, tables, lengths, 1, new_key=new_key, new_value=new_value, write_slots=slots,
+                      row_order=None)
+               for kernel, (keys, values) in zip((cuda_decode.paged_decode_attention,
+                                                  triton_kernels.paged_decode_attention), caches)]
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    assert (outputs[0].float() - outputs[1].float()).abs().max().item() < 2e-2
+    # Split contexts (small batches) and fp32 go to the Triton kernel, so the engine never sees the difference.
+    assert not cuda_decode.covers(query, key_cache, 2)
+    assert not cuda_decode.covers(query.float(), key_cache.float(), 1)
+
+
+@needs_cuda
+def test_engine_with_the_cuda_kernel_matches_a_dense_forward(wide_folder):  # noqa: F811
+    """An engine whose decode batches are large enough for one context split (every decode graph bucket from
+    136 sequences up takes the CUDA kernel): its bf16 log-probs against a teacher-forced dense forward."""
+    engine = LLMEngine(wide_folder, EngineConfig(device="cuda", dtype=torch.bfloat16, max_num_seqs=288,
+                                                  max_num_batched_tokens=4096, gpu_memory_utilization=0.2,
+                                                  decode_attention="cuda"))
+    from asyncrl.engine import cuda_decode
+    assert engine.runner.decode_kernel is cuda_decode.paged_decode_attention
+    requests = [GenerationRequest(f"r{index}", prompt(3 + 7 * (index % 9), offset=index % 5),
+                                  SamplingParams(temperature=1.0, max_new_tokens=30, ignore_eos=True, seed=index))
+                for index in range(280)]
+    results = engine.generate(requests)
+    model = load_model(wide_folder, dtype=torch.bfloat16, device="cuda")
+    differences = [np.abs(result.response_log_probs - dense_log_probs_cuda(model, result)).mean()
+                   for result in results[::35]]
+    assert max(differences) < 0.05, differences
+
+
+def test_engine_config_rejects_an_unknown_decode_kernel():
+    with pytest.raises(ValueError, match="engine.decode_attention"):
+        EngineConfig(device="cuda", decode_attention="flash")
