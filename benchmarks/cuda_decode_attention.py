@@ -1,6 +1,7 @@
 """The CUDA decode-attention kernel against the Triton one: checked, then timed as the engine runs them.
 
     python benchmarks/cuda_decode_attention.py [--models qwen2.5-0.5b qwen2.5-1.5b] [--warps 4 8]
+    python benchmarks/cuda_decode_attention.py --once --models qwen2.5-0.5b     # one launch each, for ncu
 
 Check (fresh random data per case, shuffled blocks, NaN in every slot past a context): outputs of both
 kernels against an fp32 torch reference (relative error), the new keys/values stored by each, over context
@@ -64,8 +65,13 @@ def check_case(model: str, block_size: int, lengths: list[int], seed: int) -> di
         *a, num_warps=w, num_stages=s, **k)) for w, s in ((4, 2), (4, 3), (8, 4))]
     for name, kernel in kernels:
         keys, values = key_cache.clone(), value_cache.clone()
-        output = kernel(query, keys, values, tables, lengths_tensor, 1, new_key=new_key, new_value=new_value,
-                        write_slots=slots, row_order=lengths_tensor.argsort(descending=True).to(torch.int32))
+        try:
+            output = kernel(query, keys, values, tables, lengths_tensor, 1, new_key=new_key, new_value=new_value,
+                            write_slots=slots, row_order=lengths_tensor.argsort(descending=True).to(torch.int32))
+            torch.cuda.synchronize()
+        except RuntimeError as error:  # a configuration the kernel refuses (shared memory), reported, not fatal
+            results[name] = (float("nan"), False, str(error).splitlines()[0])
+            continue
         stored = (torch.equal(keys.view(-1, kv_heads, dim)[slots], new_key)
                   and torch.equal(values.view(-1, kv_heads, dim)[slots], new_value))
         expected = reference(query, keys, values, tables, lengths_tensor)
@@ -74,8 +80,10 @@ def check_case(model: str, block_size: int, lengths: list[int], seed: int) -> di
     return results
 
 
-def time_case(model: str, warps: list[int], stages: list[int]) -> list[tuple[str, float]]:
-    options = argparse.Namespace(model=model, batch=256, context=1088, spread=896, block_size=16, layers=24,
+def time_case(model: str, warps: list[int], stages: list[int], repeats: int = 24,
+              layers: int = 24) -> list[tuple[str, float]]:
+    """Per-layer microseconds of each kernel; `repeats` 0 launches each once and times nothing."""
+    options = argparse.Namespace(model=model, batch=256, context=1088, spread=896, block_size=16, layers=layers,
                                  longest_first=True)
     case = make_case(options)
     query, tables, lengths, order = case["query"], case["tables"], case["lengths"], case["order"]
@@ -96,7 +104,11 @@ def time_case(model: str, warps: list[int], stages: list[int]) -> list[tuple[str
         def run(layer: int, kernel=kernel):
             return kernel(query, case["key_caches"][layer], case["value_caches"][layer], tables, lengths, 1,
                           new_key=new_key, new_value=new_value, write_slots=slots, row_order=order)
-        rows.append((name, time_ms(run, 24) * 1e3, case["kv_bytes"]))
+        if repeats == 0:
+            run(0)
+            torch.cuda.synchronize()
+            continue
+        rows.append((name, time_ms(run, layers, repeats) * 1e3, case["kv_bytes"]))
     return rows
 
 
@@ -105,8 +117,13 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"])
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--once", action="store_true", help="one launch of each kernel (under ncu or a sanitizer)")
     options = parser.parse_args()
     cuda_decode._extension()
+    if options.once:
+        for model in options.models:
+            time_case(model, options.warps, options.stages, repeats=0, layers=1)
+        return
     lengths = [1, 2, 15, 16, 17, 31, 32, 33, 100, 129, 1000, 2047]
     for model in options.models:
         for block_size in (16, 128):

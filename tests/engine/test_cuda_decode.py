@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
-from asyncrl.engine.attention import AttentionMetadata, torch_paged_attention
 from asyncrl.models import load_model
 
 from .helpers import prompt
@@ -49,13 +48,18 @@ def decode_case(context_lens: list[int], num_heads: int, num_kv_heads: int, head
 
 
 def fp32_reference(query, key_cache, value_cache, tables, lengths) -> torch.Tensor:
-    """The torch path on float32 copies of a cache that already holds the new keys/values."""
-    metadata = AttentionMetadata(
-        write_slots=torch.zeros(0, dtype=torch.int64), write_rows=None, block_tables=tables, context_lens=lengths,
-        query_lens=torch.ones(len(lengths), dtype=torch.int64, device="cuda"),
-        query_token_indices=torch.arange(len(lengths), device="cuda"), max_query_len=1,
-        max_context_len=int(lengths.max()), is_decode=True)
-    return torch_paged_attention(query.float(), key_cache.float(), value_cache.float(), metadata)
+    """float32 attention of each sequence's query over its context alone, gathered through its block table
+    (the torch path reads whole blocks, and 0 x the NaN past a context would be NaN)."""
+    outputs = []
+    block_size, group = key_cache.shape[1], query.shape[1] // key_cache.shape[2]
+    for sequence, length in enumerate(lengths.tolist()):
+        positions = torch.arange(length, device=query.device)
+        blocks = tables[sequence, positions // block_size].long()
+        keys = key_cache[blocks, positions % block_size].float().repeat_interleave(group, 1)  # (L, Hq, D)
+        values = value_cache[blocks, positions % block_size].float().repeat_interleave(group, 1)
+        scores = torch.einsum("hd,lhd->hl", query[sequence].float(), keys) * query.shape[-1] ** -0.5
+        outputs.append(torch.einsum("hl,lhd->hd", scores.softmax(-1), values))
+    return torch.stack(outputs)
 
 
 # Head shapes of Qwen2.5-0.5B (14 over 2, dim 64) and 1.5B (12 over 2, dim 128), and one query head per kv head.

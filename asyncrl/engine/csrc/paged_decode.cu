@@ -81,11 +81,12 @@ struct CacheView {
 // 16 bytes global -> shared without passing through registers (cp.async, L2 only); `fill` false writes zeros.
 __device__ __forceinline__ void copy_async(uint4* destination, const void* source, bool fill) {
     const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(destination));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(source), "r"(fill ? 16 : 0));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(source), "r"(fill ? 16 : 0)
+                 : "memory");
 }
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int Pending>
-__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending)); }
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory"); }
 
 // A warp's ring of tiles in shared memory. Each lane reads back only the vectors it copied itself, so waiting
 // on its own copies is all the synchronisation there is. Vector v of a lane sits at [v][lane]: a warp's
@@ -98,9 +99,9 @@ __device__ __forceinline__ void issue_tile(uint4* stage, const CacheView& cache,
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
         const uint4* row = reinterpret_cast<const uint4*>(
-            cache.key + base + (8 * t + group) * cache.stride_token + quad * (D / 4));
+            cache.key + base + (8 * t + group) * cache.stride_token + quad * 8);
 #pragma unroll
-        for (int i = 0; i < D / 32; ++i) copy_async(stage + (t * (D / 32) + i) * 32 + lane, row + i, true);
+        for (int i = 0; i < D / 32; ++i) copy_async(stage + (t * (D / 32) + i) * 32 + lane, row + 4 * i, true);
     }
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
@@ -227,10 +228,9 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
         uint4 vectors[D / 32];
         const bool real_head = group < group_size;
         const uint4* row = reinterpret_cast<const uint4*>(
-            query + sequence * stride_query_sequence + (kv_head * group_size + group) * stride_query_head +
-            quad * (D / 4));
+            query + sequence * stride_query_sequence + (kv_head * group_size + group) * stride_query_head + quad * 8);
 #pragma unroll
-        for (int i = 0; i < D / 32; ++i) vectors[i] = real_head ? row[i] : make_uint4(0, 0, 0, 0);
+        for (int i = 0; i < D / 32; ++i) vectors[i] = real_head ? row[4 * i] : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) query_words[i] = word_of(vectors, i);
     }
@@ -352,8 +352,11 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::
     do {                                                                                                              \
         constexpr int kRingBytes = S * W * kVectors<D> * 32 * 16;                                                      \
         static const bool raised = [] {                                                                               \
+            /* the largest shared-memory carveout, so four CTAs' rings fit on one SM */                            \
             return cudaFuncSetAttribute(paged_decode_kernel<D, W, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,    \
-                                        kRingBytes) == cudaSuccess;                                                   \
+                                        kRingBytes) == cudaSuccess &&                                                 \
+                   cudaFuncSetAttribute(paged_decode_kernel<D, W, S>,                                                 \
+                                        cudaFuncAttributePreferredSharedMemoryCarveout, 100) == cudaSuccess;          \
         }();                                                                                                          \
         TORCH_CHECK(raised, "paged_decode (CUDA): shared memory for ", S, " stages not granted");                      \
         paged_decode_kernel<D, W, S><<<grid, W * 32, kRingBytes, stream>>>(                                           \
