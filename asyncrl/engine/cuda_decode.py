@@ -1,4 +1,5 @@
-"""The CUDA C++ paged decode-attention kernel (`csrc/paged_decode.cu`), built on first use.
+"""The CUDA C++ paged decode-attention kernel (`csrc/paged_decode_kernel.cuh`, torch entry `csrc/paged_decode.cu`),
+built on first use.
 
     kernel = load_decode_kernel()      # None where it cannot be built: the Triton kernel stays
     output = kernel(query, key_cache, value_cache, block_tables, context_lens, 1, new_key=..., ...)
@@ -16,6 +17,7 @@ returns None.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 from pathlib import Path
 
@@ -27,7 +29,8 @@ from asyncrl.engine.attention import DecodeKernel
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cu"
+SOURCES = Path(__file__).with_name("csrc")
+ENTRY = SOURCES / "paged_decode.cu"  # the torch entry; it includes the kernel, paged_decode_kernel.cuh
 _DECLARATION = ("torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache, "
                 "torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor new_key, "
                 "torch::Tensor new_value, torch::Tensor write_slots, std::optional<torch::Tensor> row_order, "
@@ -39,8 +42,12 @@ MAX_GROUP = 8  # query heads per KV head: the rows of one tensor-core fragment
 @functools.cache
 def _extension():
     from torch.utils.cpp_extension import load_inline
-    return load_inline(name="asyncrl_paged_decode", cpp_sources=_DECLARATION, cuda_sources=SOURCE.read_text(),
-                       functions=["paged_decode"], extra_cuda_cflags=["-O3"], verbose=False)
+    # The name carries a hash of both files: torch's cache keys on the entry's text alone, so an edited kernel
+    # header would otherwise load a stale build.
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sorted(SOURCES.glob("*.cu*")))).hexdigest()[:12]
+    return load_inline(name=f"asyncrl_paged_decode_{digest}", cpp_sources=_DECLARATION,
+                       cuda_sources=ENTRY.read_text(), functions=["paged_decode"], extra_cuda_cflags=["-O3"],
+                       extra_include_paths=[str(SOURCES)], verbose=False)
 
 
 def covers(query: Tensor, key_cache: Tensor, num_splits: int) -> bool:

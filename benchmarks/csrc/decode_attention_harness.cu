@@ -1,0 +1,345 @@
+// The engine's CUDA decode-attention kernel (asyncrl/engine/csrc/paged_decode_kernel.cuh) checked and timed
+// without torch: built here with plain nvcc in seconds, carried to the GPU machine as a binary, so a device
+// call spends its time measuring, not building a torch extension.
+//
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -I asyncrl/engine/csrc \
+//        -o .devbuild/decode_attention_harness benchmarks/csrc/decode_attention_harness.cu
+//   .devbuild/decode_attention_harness check            # fp32 reference on the host, both head shapes
+//   .devbuild/decode_attention_harness time 64 4,8 2,3  # head dim, warps, stages: us per layer and TB/s
+//   .devbuild/decode_attention_harness once 64 4 3      # one launch (under ncu or compute-sanitizer)
+//
+// The timed case is `benchmarks/tune_decode_attention.py`'s: 256 sequences, contexts uniform in 640-1,536,
+// longest first, blocks of 16 positions shuffled over the cache, 24 layers of distinct caches (so the KV comes
+// from HBM, not L2), the new key/value stored by the kernel, launches replayed from one CUDA graph.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "paged_decode_kernel.cuh"
+
+using asyncrl_decode::DecodeParams;
+
+#define CHECK_CUDA(call)                                                                                   \
+    do {                                                                                                   \
+        const cudaError_t status_ = (call);                                                                \
+        if (status_ != cudaSuccess) {                                                                      \
+            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(status_)); \
+            std::exit(1);                                                                                  \
+        }                                                                                                  \
+    } while (0)
+
+namespace {
+
+constexpr int kBlockSize = 16;
+constexpr int kKvHeads = 2;
+
+struct Shape {
+    int heads, head_dim;  // Qwen2.5-0.5B: 14 x 64, 1.5B: 12 x 128, both over 2 kv heads
+};
+
+Shape shape_of(int head_dim) { return head_dim == 64 ? Shape{14, 64} : Shape{12, 128}; }
+
+__host__ __device__ uint64_t next_random(uint64_t& state) {  // splitmix64
+    state += 0x9E3779B97F4A7C15ull;
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// Normal-ish bf16 noise on the device (sum of two uniforms), so gigabytes of cache need no host copy.
+__global__ void fill_random(__nv_bfloat16* data, int64_t count, uint64_t seed) {
+    for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < count;
+         index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        uint64_t state = seed ^ (static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull);
+        const uint64_t bits = next_random(state);
+        const float a = static_cast<float>(bits & 0xFFFFFF) / 16777216.0f;
+        const float b = static_cast<float>((bits >> 24) & 0xFFFFFF) / 16777216.0f;
+        data[index] = __float2bfloat16((a + b - 1.0f) * 2.45f);
+    }
+}
+
+// One layer's case: caches, tables and step inputs on the device, and their host copies for checking.
+struct Case {
+    Shape shape;
+    int sequences = 0, width = 0, num_blocks = 0;
+    std::vector<int> lengths, tables, order;
+    std::vector<int64_t> slots;
+    int64_t kv_bytes = 0;  // bytes of K and V one launch attends to
+    __nv_bfloat16 *query = nullptr, *new_key = nullptr, *new_value = nullptr, *output = nullptr;
+    std::vector<__nv_bfloat16*> key_caches, value_caches;  // one per layer
+    int *tables_device = nullptr, *lengths_device = nullptr, *order_device = nullptr;
+    int64_t* slots_device = nullptr;
+
+    int64_t cache_elements() const { return static_cast<int64_t>(num_blocks) * kBlockSize * kKvHeads * shape.head_dim; }
+
+    DecodeParams params(int layer) const {
+        DecodeParams p{};
+        const int64_t d = shape.head_dim, qkv_row = (shape.heads + 2 * kKvHeads) * d;
+        p.query = query;  // q, k, v as strided views of one projection output, as the engine passes them
+        p.query_stride_sequence = qkv_row;
+        p.query_stride_head = d;
+        p.new_key = new_key;
+        p.new_key_stride_sequence = qkv_row;
+        p.new_key_stride_head = d;
+        p.new_value = new_value;
+        p.new_value_stride_sequence = qkv_row;
+        p.new_value_stride_head = d;
+        p.write_slots = slots_device;
+        p.key_cache = key_caches[layer];
+        p.value_cache = value_caches[layer];
+        p.stride_block = kBlockSize * kKvHeads * d;
+        p.stride_token = kKvHeads * d;
+        p.stride_head = d;
+        p.block_size = kBlockSize;
+        p.block_tables = tables_device;
+        p.stride_table = width;
+        p.context_lens = lengths_device;
+        p.row_order = order_device;
+        p.output = output;
+        p.output_stride_sequence = shape.heads * d;
+        p.output_stride_head = d;
+        p.num_sequences = sequences;
+        p.num_kv_heads = kKvHeads;
+        p.group_size = shape.heads / kKvHeads;
+        p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(d)));
+        return p;
+    }
+};
+
+template <typename T>
+T* upload(const std::vector<T>& host) {
+    T* device = nullptr;
+    CHECK_CUDA(cudaMalloc(&device, host.size() * sizeof(T)));
+    CHECK_CUDA(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return device;
+}
+
+Case make_case(Shape shape, const std::vector<int>& lengths, int layers, uint64_t seed) {
+    Case c;
+    c.shape = shape;
+    c.sequences = static_cast<int>(lengths.size());
+    c.lengths = lengths;
+    const int longest = *std::max_element(lengths.begin(), lengths.end());
+    c.width = (longest + kBlockSize - 1) / kBlockSize;
+    c.num_blocks = c.sequences * c.width;
+    std::vector<int> permutation(c.num_blocks);
+    std::iota(permutation.begin(), permutation.end(), 0);
+    uint64_t state = seed;
+    for (int i = c.num_blocks - 1; i > 0; --i) std::swap(permutation[i], permutation[next_random(state) % (i + 1)]);
+    c.tables = permutation;  // row s holds blocks permutation[s * width ...]: scattered over the cache
+    for (int s = 0; s < c.sequences; ++s) {
+        const int last = lengths[s] - 1;
+        c.slots.push_back(static_cast<int64_t>(c.tables[s * c.width + last / kBlockSize]) * kBlockSize +
+                          last % kBlockSize);
+        c.kv_bytes += static_cast<int64_t>(lengths[s]) * kKvHeads * shape.head_dim * 2 * 2;
+    }
+    c.order.resize(c.sequences);
+    std::iota(c.order.begin(), c.order.end(), 0);
+    std::stable_sort(c.order.begin(), c.order.end(), [&](int a, int b) { return lengths[a] > lengths[b]; });
+    const int64_t qkv_elements = static_cast<int64_t>(c.sequences) * (shape.heads + 2 * kKvHeads) * shape.head_dim;
+    __nv_bfloat16* qkv = nullptr;
+    CHECK_CUDA(cudaMalloc(&qkv, qkv_elements * 2));
+    fill_random<<<1024, 256>>>(qkv, qkv_elements, next_random(state));
+    c.query = qkv;
+    c.new_key = qkv + shape.heads * shape.head_dim;
+    c.new_value = qkv + (shape.heads + kKvHeads) * shape.head_dim;
+    CHECK_CUDA(cudaMalloc(&c.output, static_cast<int64_t>(c.sequences) * shape.heads * shape.head_dim * 2));
+    for (int layer = 0; layer < layers; ++layer) {
+        __nv_bfloat16 *keys = nullptr, *values = nullptr;
+        CHECK_CUDA(cudaMalloc(&keys, c.cache_elements() * 2));
+        CHECK_CUDA(cudaMalloc(&values, c.cache_elements() * 2));
+        fill_random<<<4096, 256>>>(keys, c.cache_elements(), next_random(state));
+        fill_random<<<4096, 256>>>(values, c.cache_elements(), next_random(state));
+        c.key_caches.push_back(keys);
+        c.value_caches.push_back(values);
+    }
+    c.tables_device = upload(c.tables);
+    c.lengths_device = upload(c.lengths);
+    c.order_device = upload(c.order);
+    c.slots_device = upload(c.slots);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    return c;
+}
+
+float bf16_to_float(__nv_bfloat16 value) {
+    uint16_t bits;
+    std::memcpy(&bits, &value, 2);
+    const uint32_t widened = static_cast<uint32_t>(bits) << 16;
+    float result;
+    std::memcpy(&result, &widened, 4);
+    return result;
+}
+
+template <typename T>
+std::vector<T> download(const T* device, int64_t count) {
+    std::vector<T> host(count);
+    CHECK_CUDA(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+}
+
+// Largest relative error (per query head row) against fp32 attention over each context alone, after the
+// kernel ran once on a cache whose slots past every context hold NaN; also whether the new K/V were stored.
+bool check(Shape shape, int warps, int stages) {
+    const std::vector<int> lengths = {1, 2, 15, 16, 17, 31, 32, 33, 100, 129, 1000, 2047};
+    Case c = make_case(shape, lengths, 1, 7 + shape.head_dim + warps * 10 + stages);
+    const int d = shape.head_dim, group = shape.heads / kKvHeads;
+    // NaN in every slot past a context, in the context's own blocks.
+    std::vector<__nv_bfloat16> keys = download(c.key_caches[0], c.cache_elements());
+    std::vector<__nv_bfloat16> values = download(c.value_caches[0], c.cache_elements());
+    const uint16_t nan_bits = 0x7FC0;
+    __nv_bfloat16 nan_value;
+    std::memcpy(&nan_value, &nan_bits, 2);
+    for (int s = 0; s < c.sequences; ++s)
+        for (int position = lengths[s]; position < c.width * kBlockSize; ++position)
+            for (int e = 0; e < kKvHeads * d; ++e) {
+                const int64_t index = (static_cast<int64_t>(c.tables[s * c.width + position / kBlockSize]) * kBlockSize +
+                                       position % kBlockSize) * kKvHeads * d + e;
+                keys[index] = nan_value;
+                values[index] = nan_value;
+            }
+    CHECK_CUDA(cudaMemcpy(c.key_caches[0], keys.data(), keys.size() * 2, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(c.value_caches[0], values.data(), values.size() * 2, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemset(c.output, 0xFF, static_cast<int64_t>(c.sequences) * shape.heads * d * 2));  // NaN poison
+    CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(0), d, warps, stages, nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    keys = download(c.key_caches[0], c.cache_elements());
+    values = download(c.value_caches[0], c.cache_elements());
+    const int64_t qkv_row = (shape.heads + 2 * kKvHeads) * d;
+    const std::vector<__nv_bfloat16> qkv = download(c.query, static_cast<int64_t>(c.sequences) * qkv_row);
+    const std::vector<__nv_bfloat16> output = download(c.output, static_cast<int64_t>(c.sequences) * shape.heads * d);
+    bool stored = true;
+    double worst = 0.0;
+    for (int s = 0; s < c.sequences; ++s) {
+        for (int e = 0; e < kKvHeads * d; ++e) {
+            const int64_t slot_index = c.slots[s] * kKvHeads * d + e;
+            stored &= bf16_to_float(keys[slot_index]) == bf16_to_float(qkv[s * qkv_row + shape.heads * d + e]);
+            stored &= bf16_to_float(values[slot_index]) ==
+                      bf16_to_float(qkv[s * qkv_row + (shape.heads + kKvHeads) * d + e]);
+        }
+        for (int head = 0; head < shape.heads; ++head) {
+            const int kv_head = head / group;
+            std::vector<double> scores(lengths[s]);
+            double top = -1e300;
+            for (int position = 0; position < lengths[s]; ++position) {
+                const int64_t row = (static_cast<int64_t>(c.tables[s * c.width + position / kBlockSize]) * kBlockSize +
+                                     position % kBlockSize) * kKvHeads * d + kv_head * d;
+                double dot = 0.0;
+                for (int e = 0; e < d; ++e)
+                    dot += bf16_to_float(qkv[s * qkv_row + head * d + e]) * bf16_to_float(keys[row + e]);
+                scores[position] = dot / std::sqrt(static_cast<double>(d));
+                top = std::max(top, scores[position]);
+            }
+            double total = 0.0;
+            for (double& score : scores) total += (score = std::exp(score - top));
+            double error = 0.0, norm = 0.0;
+            for (int e = 0; e < d; ++e) {
+                double expected = 0.0;
+                for (int position = 0; position < lengths[s]; ++position) {
+                    const int64_t row = (static_cast<int64_t>(c.tables[s * c.width + position / kBlockSize]) *
+                                             kBlockSize + position % kBlockSize) * kKvHeads * d + kv_head * d;
+                    expected += scores[position] / total * bf16_to_float(values[row + e]);
+                }
+                const double got = bf16_to_float(output[(static_cast<int64_t>(s) * shape.heads + head) * d + e]);
+                error += (got - expected) * (got - expected);
+                norm += expected * expected;
+            }
+            const double relative = std::sqrt(error / norm);
+            worst = std::isnan(relative) ? INFINITY : std::max(worst, relative);
+        }
+    }
+    const bool passed = stored && worst < 1e-2;
+    std::printf("check head_dim %d warps %d stages %d: max relative error %.2e, new K/V stored %s: %s\n", d, warps,
+                stages, worst, stored ? "yes" : "NO", passed ? "ok" : "FAILED");
+    return passed;
+}
+
+std::vector<int> timed_lengths(uint64_t seed) {
+    std::vector<int> lengths(256);
+    uint64_t state = seed;
+    for (int& length : lengths) length = 640 + static_cast<int>(next_random(state) % (1536 - 640 + 1));
+    return lengths;
+}
+
+// Mean microseconds per launch: `layers` launches (one per layer's cache) in one graph, replayed.
+double time_launches(const Case& c, int warps, int stages, int layers, int replays) {
+    cudaStream_t stream;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (int layer = 0; layer < layers; ++layer)  // warm-up, outside the capture
+        CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(layer), c.shape.head_dim, warps, stages, stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    for (int layer = 0; layer < layers; ++layer)
+        CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(layer), c.shape.head_dim, warps, stages, stream));
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 3; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    cudaEvent_t start, stop;
+    CHECK_CUDA(cudaEventCreate(&start));
+    CHECK_CUDA(cudaEventCreate(&stop));
+    std::vector<float> samples;
+    for (int r = 0; r < replays; ++r) {
+        CHECK_CUDA(cudaEventRecord(start, stream));
+        CHECK_CUDA(cudaGraphLaunch(exec, stream));
+        CHECK_CUDA(cudaEventRecord(stop, stream));
+        CHECK_CUDA(cudaEventSynchronize(stop));
+        float milliseconds = 0.0f;
+        CHECK_CUDA(cudaEventElapsedTime(&milliseconds, start, stop));
+        samples.push_back(milliseconds);
+    }
+    std::sort(samples.begin(), samples.end());
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    CHECK_CUDA(cudaStreamDestroy(stream));
+    return samples[samples.size() / 2] * 1e3 / layers;
+}
+
+std::vector<int> parse_list(const char* text) {
+    std::vector<int> values;
+    for (const char* cursor = text; *cursor;) {
+        values.push_back(std::atoi(cursor));
+        while (*cursor && *cursor != ',') ++cursor;
+        if (*cursor == ',') ++cursor;
+    }
+    return values;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const std::string mode = argc > 1 ? argv[1] : "check";
+    if (mode == "check") {
+        bool passed = true;
+        for (int head_dim : {64, 128})
+            for (auto [warps, stages] : {std::pair{4, 2}, std::pair{4, 3}, std::pair{8, 3}})
+                passed &= check(shape_of(head_dim), warps, stages);
+        return passed ? 0 : 1;
+    }
+    const int head_dim = argc > 2 ? std::atoi(argv[2]) : 64;
+    const std::vector<int> warps = parse_list(argc > 3 ? argv[3] : "4");
+    const std::vector<int> stages = parse_list(argc > 4 ? argv[4] : "3");
+    const int layers = mode == "once" ? 1 : 24;
+    const Case c = make_case(shape_of(head_dim), timed_lengths(1), layers, 1);
+    for (int w : warps)
+        for (int s : stages) {
+            if (mode == "once") {
+                CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(0), head_dim, w, s, nullptr));
+                CHECK_CUDA(cudaDeviceSynchronize());
+                std::printf("once head_dim %d warps %d stages %d: launched\n", head_dim, w, s);
+                continue;
+            }
+            const double microseconds = time_launches(c, w, s, layers, 50);
+            std::printf("time head_dim %d warps %d stages %d: %6.1f us per layer, %5.2f TB/s of KV\n", head_dim, w, s,
+                        microseconds, c.kv_bytes / microseconds / 1e6);
+        }
+    return 0;
+}
