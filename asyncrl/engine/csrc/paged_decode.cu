@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "paged_decode_kernel.cuh"
 
@@ -23,8 +24,12 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::
     TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && context_lens.scalar_type() == torch::kInt32 &&
                     write_slots.scalar_type() == torch::kInt64,
                 "paged_decode (CUDA): int32 block tables and context lengths, int64 write slots");
-    TORCH_CHECK(head_dim == 64 || head_dim == 128, "paged_decode (CUDA): head dimension 64 or 128, got ", head_dim);
-    TORCH_CHECK(block_size % asyncrl_decode::kTile == 0, "paged_decode (CUDA): block size a multiple of 16, got ", block_size);
+    // Messages are built as one std::string: formatting integers through c10's stream in this extension crashed
+    // the process on the H200 image (a segmentation fault in libstdc++'s ostream) instead of raising.
+    TORCH_CHECK(head_dim == 64 || head_dim == 128,
+                std::string("paged_decode (CUDA): head dimension 64 or 128, got ") + std::to_string(head_dim));
+    TORCH_CHECK(block_size % asyncrl_decode::kTile == 0,
+                std::string("paged_decode (CUDA): block size a multiple of 16, got ") + std::to_string(block_size));
     const int64_t group_size = num_heads / num_kv_heads;
     TORCH_CHECK(group_size * num_kv_heads == num_heads && group_size <= 8,
                 "paged_decode (CUDA): at most 8 query heads per kv head");
@@ -72,7 +77,8 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::
     const cudaError_t status = asyncrl_decode::launch_paged_decode(
         params, static_cast<int>(head_dim), static_cast<int>(warps), static_cast<int>(stages),
         c10::cuda::getCurrentCUDAStream());
-    TORCH_CHECK(status == cudaSuccess, "paged_decode (CUDA): launch with ", warps, " warps and ", stages,
-                " stages failed: ", cudaGetErrorString(status));
+    TORCH_CHECK(status == cudaSuccess, std::string("paged_decode (CUDA): launch with ") + std::to_string(warps) +
+                                           " warps and " + std::to_string(stages) + " stages failed: " +
+                                           cudaGetErrorString(status));
     return output;
 }
