@@ -335,7 +335,10 @@ cudaError_t launch_with(const DecodeParams& params, cudaStream_t stream) {
         return cudaFuncSetAttribute(paged_decode_kernel<D, W, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                     100);
     }();
-    if (prepared != cudaSuccess) return prepared;
+    if (prepared != cudaSuccess) {
+        cudaGetLastError();  // a refused attribute sets the last error, which the caller's next launch would report
+        return prepared;
+    }
     const dim3 grid(static_cast<unsigned>(params.num_kv_heads), static_cast<unsigned>(params.num_sequences));
     paged_decode_kernel<D, W, S><<<grid, W * 32, kRingBytes<D, W, S>, stream>>>(params);
     return cudaGetLastError();
