@@ -12,7 +12,7 @@ import torch
 
 from asyncrl.config.schema import RolloutConfig
 
-DECODE_ATTENTION_KERNELS = ("auto", "triton", "cuda")
+DECODE_ATTENTION_KERNELS = ("triton", "cuda")
 
 
 @dataclass
@@ -37,9 +37,9 @@ class EngineConfig:
     # Launch the next decode before postprocessing the current one, overlapping host work with the device
     # (see `LLMEngine.step`); outputs are the same either way.
     async_scheduling: bool = True
-    # The CUDA decode-attention kernel: "triton" (`triton_kernels`), "cuda" (the CUDA C++ kernel of
-    # `cuda_decode`, built on first use; an error where it cannot be built) or "auto" (the CUDA kernel where it
-    # builds, else Triton). Calls the CUDA kernel does not cover (fp16/fp32, split contexts) go to Triton.
+    # The CUDA decode-attention kernel: "triton" (`triton_kernels`) or "cuda" (the CUDA C++ kernel of
+    # `cuda_decode`, built on first use; an error where it cannot be built). Calls the CUDA kernel does not cover
+    # (fp16/fp32, split contexts) go to Triton. "cuda" is opt-in: on an H200 it is still slower (docs/benchmarks.md).
     decode_attention: str = "triton"
     device: str = "cpu"
     dtype: torch.dtype | None = None

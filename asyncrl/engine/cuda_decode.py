@@ -1,7 +1,7 @@
 """The CUDA C++ paged decode-attention kernel (`csrc/paged_decode_kernel.cuh`, torch entry `csrc/paged_decode.cu`),
 built on first use.
 
-    kernel = load_decode_kernel()      # None where it cannot be built: the Triton kernel stays
+    kernel = load_decode_kernel()      # None where it cannot be built
     output = kernel(query, key_cache, value_cache, block_tables, context_lens, 1, new_key=..., ...)
 
 Same calling convention and results as `triton_kernels.paged_decode_attention` (the engine's `DecodeKernel`),

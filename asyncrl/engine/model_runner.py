@@ -52,13 +52,13 @@ def load_cuda_kernels(decode_attention: str) -> tuple[DecodeKernel, FusedSampleK
     # Imported here, not at the top: triton ships with CUDA installs only.
     from asyncrl.engine import triton_kernels, triton_sampler
     decode_kernel: DecodeKernel = triton_kernels.paged_decode_attention
-    if decode_attention != "triton":
+    if decode_attention == "cuda":
         from asyncrl.engine import cuda_decode
         built = cuda_decode.load_decode_kernel()
-        if built is None and decode_attention == "cuda":
+        if built is None:
             raise RuntimeError("engine.decode_attention='cuda': the CUDA decode-attention kernel could not be built "
-                               "(see the warning above); use 'auto' or 'triton'")
-        decode_kernel = built or decode_kernel
+                               "(see the warning above); use 'triton'")
+        decode_kernel = built
     return decode_kernel, triton_sampler.fused_sample
 
 
