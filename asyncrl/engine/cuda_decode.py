@@ -1,7 +1,7 @@
 """The CUDA C++ paged decode-attention kernel (`csrc/paged_decode_kernel.cuh`, torch entry `csrc/paged_decode.cu`),
 built on first use.
 
-    kernel = load_decode_kernel()      # None where it cannot be built
+    kernel = load_decode_kernel()      # RuntimeError where it cannot be built
     output = kernel(query, key_cache, value_cache, block_tables, context_lens, 1, new_key=..., ...)
 
 Same calling convention and results as `triton_kernels.paged_decode_attention` (the engine's `DecodeKernel`),
@@ -10,15 +10,14 @@ of 16 positions, one context split. Anything else (fp16/fp32, the small batches 
 goes to the Triton kernel, so the engine never needs to know which one ran.
 
 It is built with torch's extension builder (nvcc and ninja, the CUDA toolkit torch was built against) into
-torch's extension cache, once per machine. Where that fails (no toolkit), `load_decode_kernel` logs why and
-returns None.
+torch's extension cache, once per machine. Where that fails (no toolkit), `load_decode_kernel` raises, naming
+the cause and the config key that asked for the kernel.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import logging
 from pathlib import Path
 
 import torch
@@ -26,8 +25,6 @@ from torch import Tensor
 
 from asyncrl.engine import triton_kernels
 from asyncrl.engine.attention import DecodeKernel
-
-logger = logging.getLogger(__name__)
 
 SOURCES = Path(__file__).with_name("csrc")
 ENTRY = SOURCES / "paged_decode.cu"  # the torch entry; it includes the kernel, paged_decode_kernel.cuh
@@ -72,12 +69,12 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
                                      write_slots, row_order, num_warps, num_stages)
 
 
-def load_decode_kernel() -> DecodeKernel | None:
-    """The CUDA kernel, built now (a minute the first time on a machine), or None if it cannot be built."""
+def load_decode_kernel() -> DecodeKernel:
+    """The CUDA kernel, built now (a minute the first time on a machine)."""
     try:
         _extension()
-    except Exception as error:  # no CUDA toolkit, a compiler error: the Triton kernel serves instead
-        logger.warning("CUDA decode-attention kernel not built (%s: %s); using the Triton kernel",
-                       type(error).__name__, str(error).splitlines()[0] if str(error) else "")
-        return None
+    except Exception as error:  # no CUDA toolkit, a compiler error: say which, and what to set instead
+        raise RuntimeError(f"engine.decode_attention='cuda': the CUDA decode-attention kernel could not be built "
+                           f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                           f"use 'triton'") from error
     return paged_decode_attention

@@ -54,11 +54,7 @@ def load_cuda_kernels(decode_attention: str) -> tuple[DecodeKernel, FusedSampleK
     decode_kernel: DecodeKernel = triton_kernels.paged_decode_attention
     if decode_attention == "cuda":
         from asyncrl.engine import cuda_decode
-        built = cuda_decode.load_decode_kernel()
-        if built is None:
-            raise RuntimeError("engine.decode_attention='cuda': the CUDA decode-attention kernel could not be built "
-                               "(see the warning above); use 'triton'")
-        decode_kernel = built
+        decode_kernel = cuda_decode.load_decode_kernel()
     return decode_kernel, triton_sampler.fused_sample
 
 

@@ -81,6 +81,11 @@ struct Case {
 
     int64_t cache_elements() const { return static_cast<int64_t>(num_blocks) * kBlockSize * kKvHeads * shape.head_dim; }
 
+    // The flat cache slot (block * block_size + offset) of a sequence's position, through its block table.
+    int64_t slot(int sequence, int position) const {
+        return static_cast<int64_t>(tables[sequence * width + position / kBlockSize]) * kBlockSize + position % kBlockSize;
+    }
+
     DecodeParams params(int layer) const {
         DecodeParams p{};
         const int64_t d = shape.head_dim, qkv_row = (shape.heads + 2 * kKvHeads) * d;
@@ -137,9 +142,7 @@ Case make_case(Shape shape, const std::vector<int>& lengths, int layers, uint64_
     for (int i = c.num_blocks - 1; i > 0; --i) std::swap(permutation[i], permutation[next_random(state) % (i + 1)]);
     c.tables = permutation;  // row s holds blocks permutation[s * width ...]: scattered over the cache
     for (int s = 0; s < c.sequences; ++s) {
-        const int last = lengths[s] - 1;
-        c.slots.push_back(static_cast<int64_t>(c.tables[s * c.width + last / kBlockSize]) * kBlockSize +
-                          last % kBlockSize);
+        c.slots.push_back(c.slot(s, lengths[s] - 1));
         c.kv_bytes += static_cast<int64_t>(lengths[s]) * kKvHeads * shape.head_dim * 2 * 2;
     }
     c.order.resize(c.sequences);
@@ -201,8 +204,7 @@ bool check(Shape shape, int warps, int stages) {
     for (int s = 0; s < c.sequences; ++s)
         for (int position = lengths[s]; position < c.width * kBlockSize; ++position)
             for (int e = 0; e < kKvHeads * d; ++e) {
-                const int64_t index = (static_cast<int64_t>(c.tables[s * c.width + position / kBlockSize]) * kBlockSize +
-                                       position % kBlockSize) * kKvHeads * d + e;
+                const int64_t index = c.slot(s, position) * kKvHeads * d + e;
                 keys[index] = nan_value;
                 values[index] = nan_value;
             }
@@ -230,8 +232,7 @@ bool check(Shape shape, int warps, int stages) {
             std::vector<double> scores(lengths[s]);
             double top = -1e300;
             for (int position = 0; position < lengths[s]; ++position) {
-                const int64_t row = (static_cast<int64_t>(c.tables[s * c.width + position / kBlockSize]) * kBlockSize +
-                                     position % kBlockSize) * kKvHeads * d + kv_head * d;
+                const int64_t row = c.slot(s, position) * kKvHeads * d + kv_head * d;
                 double dot = 0.0;
                 for (int e = 0; e < d; ++e)
                     dot += bf16_to_float(qkv[s * qkv_row + head * d + e]) * bf16_to_float(keys[row + e]);
@@ -244,8 +245,7 @@ bool check(Shape shape, int warps, int stages) {
             for (int e = 0; e < d; ++e) {
                 double expected = 0.0;
                 for (int position = 0; position < lengths[s]; ++position) {
-                    const int64_t row = (static_cast<int64_t>(c.tables[s * c.width + position / kBlockSize]) *
-                                             kBlockSize + position % kBlockSize) * kKvHeads * d + kv_head * d;
+                    const int64_t row = c.slot(s, position) * kKvHeads * d + kv_head * d;
                     expected += scores[position] / total * bf16_to_float(values[row + e]);
                 }
                 const double got = bf16_to_float(output[(static_cast<int64_t>(s) * shape.heads + head) * d + e]);

@@ -90,13 +90,6 @@ struct TileRegisters {
 template <int D>
 constexpr int kVectors = 2 * (D / 32) + 4 * (D / 64);  // per lane per tile: keys, then values
 
-struct CacheView {
-    const __nv_bfloat16* key;
-    const __nv_bfloat16* value;
-    int64_t stride_block, stride_token, stride_head;
-    int block_size;
-};
-
 // 16 bytes global -> shared without passing through registers (cp.async, L2 only); `fill` false writes zeros.
 __device__ __forceinline__ void copy_async(uint4* destination, const void* source, bool fill) {
     const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(destination));
@@ -111,14 +104,14 @@ __device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_grou
 // on its own copies is all the synchronisation there is. Vector v of a lane sits at [v][lane]: a warp's
 // 16-byte accesses cover 512 contiguous bytes.
 template <int D>
-__device__ __forceinline__ void issue_tile(uint4* stage, const CacheView& cache, int block, int kv_head,
+__device__ __forceinline__ void issue_tile(uint4* stage, const DecodeParams& cache, int block, int kv_head,
                                            int tile_start, int length, int group, int quad, int lane) {
     const int64_t base = static_cast<int64_t>(block) * cache.stride_block + kv_head * cache.stride_head +
                          static_cast<int64_t>(tile_start % cache.block_size) * cache.stride_token;
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
         const uint4* row = reinterpret_cast<const uint4*>(
-            cache.key + base + (8 * t + group) * cache.stride_token + quad * 8);
+            cache.key_cache + base + (8 * t + group) * cache.stride_token + quad * 8);
 #pragma unroll
         for (int i = 0; i < D / 32; ++i) copy_async(stage + (t * (D / 32) + i) * 32 + lane, row + 4 * i, true);
     }
@@ -126,7 +119,7 @@ __device__ __forceinline__ void issue_tile(uint4* stage, const CacheView& cache,
     for (int r = 0; r < 4; ++r) {
         const int position = 2 * quad + (r & 1) + 8 * (r >> 1);
         const uint4* row = reinterpret_cast<const uint4*>(
-            cache.value + base + position * cache.stride_token + group * (D / 8));
+            cache.value_cache + base + position * cache.stride_token + group * (D / 8));
         // Slots past the context may hold anything, NaN included, and 0 x NaN is NaN: zero them.
         const bool inside = tile_start + position < length;
 #pragma unroll
@@ -249,7 +242,6 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
     }
     __syncthreads();  // the new key/value are in the cache before any warp reads their tile
 
-    const CacheView cache{p.key_cache, p.value_cache, p.stride_block, p.stride_token, p.stride_head, p.block_size};
     const int* table = p.block_tables + sequence * p.stride_table;
     const int num_tiles = (length + kTile - 1) / kTile;
     // Block id of a warp's tile, or 0 past the context (never dereferenced).
@@ -263,7 +255,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
     for (int stage = 0; stage < S - 1; ++stage) {
         const int tile_index = warp + stage * W;
         if (tile_index < num_tiles)
-            issue_tile<D>(stage_of(stage), cache, block_of(tile_index), kv_head, tile_index * kTile, length, group,
+            issue_tile<D>(stage_of(stage), p, block_of(tile_index), kv_head, tile_index * kTile, length, group,
                           quad, lane);
         commit_copies();
     }
@@ -279,7 +271,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
         const int block_after = block_of(ahead + W);
         const int refill = stage == 0 ? S - 1 : stage - 1;
         if (ahead < num_tiles)
-            issue_tile<D>(stage_of(refill), cache, pending_block, kv_head, ahead * kTile, length, group, quad, lane);
+            issue_tile<D>(stage_of(refill), p, pending_block, kv_head, ahead * kTile, length, group, quad, lane);
         commit_copies();
         pending_block = block_after;
         attend_tile(state, current, query_words, p.scale_log2, tile_index * kTile, length, quad);
