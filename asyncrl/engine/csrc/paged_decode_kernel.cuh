@@ -5,20 +5,17 @@
 // One CTA per (sequence, kv head), W warps. The context is cut into tiles of 16 positions (a tile lies in one
 // KV block: the block size is a multiple of 16); warp w takes tiles w, w + W, ... and keeps its own online
 // softmax, and the warps' states are merged through shared memory at the end. Each warp streams its tiles
-// through its own ring of S shared-memory stages with cp.async, S - 1 tiles in flight while it computes one.
-// Before reading, the CTA stores the step's new key/value at its slot (the last position of the context), and
-// a barrier makes it visible.
+// through its own ring of S shared-memory stages with cp.async: S tiles in flight while it waits, S - 1 while
+// it computes one. Before reading, the CTA stores the step's new key/value at its slot (the last position of
+// the context), and a barrier makes it visible.
 //
-// Fragments (mma.m16n8k16, A row-major 16x16, B column-major 16x8, C 16x8; lane = 4 * group + quad):
-//  - S = Q K^T: the query heads are the rows (<= 8 of them: rows 8-15 and a1/a3 stay zero). A dot product
-//    does not care in which order its dimensions are summed, so quad q owns dimensions 32 i + 8 q .. + 8
-//    (i < D/32) of Q and K, and k-step s uses the lane's words 2s and 2s + 1: a warp's 16-byte key loads cover
-//    whole 64-byte runs of each row. B's column n = group, so lane (group, quad) loads position 8 t + group of
-//    n-tile t (t = 0, 1).
-//  - The C layout of S's two n-tiles is the A layout of P for P V (k = the 16 positions).
-//  - P V: output dimension n of n-tile j is physical dimension n D/8 + j, so lane (group, quad) needs
-//    dimensions [group D/8, (group + 1) D/8) of positions 2 quad, 2 quad + 1, 2 quad + 8, 2 quad + 9: again
-//    16-byte loads, paired into B's bf16x2 registers by byte permutes.
+// Loads and fragments: a tile's keys and values are copied row by row (every request a whole 128-byte line)
+// into the ring, their 16-byte chunks swizzled, and the warp reads mma fragments back with ldmatrix after a
+// __syncwarp (each lane reads rows other lanes copied). With mma.m16n8k16 (lane = 4 * group + quad):
+//  - S = Q K^T: the query heads are the rows (<= 8 of them: rows 8-15 and a1/a3 stay zero); K's rows are B's
+//    columns, so plain ldmatrix of 8 positions x 8 dimensions gives B's fragments.
+//  - The C layout of S's two n-tiles (positions 0-7, 8-15) is the A layout of P for P V (k = the 16 positions).
+//  - P V: V's rows are B's k, so ldmatrix.trans of 8 positions x 8 dimensions gives B's fragments.
 
 #pragma once
 
@@ -75,20 +72,15 @@ __device__ __forceinline__ uint32_t pack_bf16(float low, float high) {
     return *reinterpret_cast<uint32_t*>(&pair);
 }
 
-template <int N>
-__device__ __forceinline__ uint32_t word_of(const uint4 (&vectors)[N], int index) {
-    return reinterpret_cast<const uint32_t*>(vectors)[index];
-}
-
-// The 16-byte vectors one lane loads for one tile.
+// A tile in shared memory: 16 rows (positions) of D bf16 each, keys then values, each row's 16-byte chunks
+// swizzled (chunk c of row r sits at c ^ (r % 8)), so that the 8 rows one ldmatrix phase reads hit 8
+// different bank groups.
 template <int D>
-struct TileRegisters {
-    uint4 key[2][D / 32];    // positions group and 8 + group, dimensions [quad D/4, (quad + 1) D/4)
-    uint4 value[4][D / 64];  // positions 2 quad, 2 quad + 1, 2 quad + 8, 2 quad + 9, dims [group D/8, ...)
-};
-
+constexpr int kChunks = D / 8;  // 16-byte chunks per row
 template <int D>
-constexpr int kVectors = 2 * (D / 32) + 4 * (D / 64);  // per lane per tile: keys, then values
+constexpr int kVectors = 2 * kTile * kChunks<D>;  // 16-byte vectors per tile: keys, then values
+
+__device__ __forceinline__ int swizzled(int row, int chunk, int chunks) { return row * chunks + (chunk ^ (row & 7)); }
 
 // 16 bytes global -> shared without passing through registers (cp.async, L2 only); `fill` false writes zeros.
 __device__ __forceinline__ void copy_async(uint4* destination, const void* source, bool fill) {
@@ -100,44 +92,40 @@ __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_
 template <int Pending>
 __device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory"); }
 
-// A warp's ring of tiles in shared memory. Each lane reads back only the vectors it copied itself, so waiting
-// on its own copies is all the synchronisation there is. Vector v of a lane sits at [v][lane]: a warp's
-// 16-byte accesses cover 512 contiguous bytes.
-template <int D>
-__device__ __forceinline__ void issue_tile(uint4* stage, const DecodeParams& cache, int block, int kv_head,
-                                           int tile_start, int length, int group, int quad, int lane) {
-    const int64_t base = static_cast<int64_t>(block) * cache.stride_block + kv_head * cache.stride_head +
-                         static_cast<int64_t>(tile_start % cache.block_size) * cache.stride_token;
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-        const uint4* row = reinterpret_cast<const uint4*>(
-            cache.key_cache + base + (8 * t + group) * cache.stride_token + quad * 8);
-#pragma unroll
-        for (int i = 0; i < D / 32; ++i) copy_async(stage + (t * (D / 32) + i) * 32 + lane, row + 4 * i, true);
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const int position = 2 * quad + (r & 1) + 8 * (r >> 1);
-        const uint4* row = reinterpret_cast<const uint4*>(
-            cache.value_cache + base + position * cache.stride_token + group * (D / 8));
-        // Slots past the context may hold anything, NaN included, and 0 x NaN is NaN: zero them.
-        const bool inside = tile_start + position < length;
-#pragma unroll
-        for (int i = 0; i < D / 64; ++i)
-            copy_async(stage + (2 * (D / 32) + r * (D / 64) + i) * 32 + lane, row + i, inside);
-    }
+// Four 8x8 bf16 matrices from shared memory, lane l giving the address of row l % 8 of matrix l / 8.
+template <bool Transposed>
+__device__ __forceinline__ void load_matrices(uint32_t (&words)[4], const uint4* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    if constexpr (Transposed)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
+                     : "r"(address)
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
+                     : "r"(address)
+                     : "memory");
 }
 
+// A warp's copies of one tile, row by row: one instruction covers 32 / (D/8) whole rows, so every request is a
+// whole 128-byte line. Slots past the context may hold anything, NaN included, and 0 x NaN is NaN: their
+// values are zero-filled (their keys' scores are masked by position).
 template <int D>
-__device__ __forceinline__ void read_tile(TileRegisters<D>& tile, const uint4* stage, int lane) {
+__device__ __forceinline__ void issue_tile(uint4* stage, const DecodeParams& p, int block, int kv_head,
+                                           int tile_start, int length, int lane) {
+    constexpr int kRowsPerCopy = 32 / kChunks<D>;
+    const int chunk = lane % kChunks<D>, first_row = lane / kChunks<D>;
+    const int64_t base = static_cast<int64_t>(block) * p.stride_block + kv_head * p.stride_head +
+                         static_cast<int64_t>(tile_start % p.block_size) * p.stride_token + chunk * 8;
 #pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-        for (int i = 0; i < D / 32; ++i) tile.key[t][i] = stage[(t * (D / 32) + i) * 32 + lane];
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-#pragma unroll
-        for (int i = 0; i < D / 64; ++i) tile.value[r][i] = stage[(2 * (D / 32) + r * (D / 64) + i) * 32 + lane];
+    for (int i = 0; i < kTile / kRowsPerCopy; ++i) {
+        const int row = first_row + i * kRowsPerCopy;
+        const int64_t offset = base + row * p.stride_token;
+        copy_async(stage + swizzled(row, chunk, kChunks<D>), p.key_cache + offset, true);
+        copy_async(stage + kTile * kChunks<D> + swizzled(row, chunk, kChunks<D>), p.value_cache + offset,
+                   tile_start + row < length);
+    }
 }
 
 template <int D>
@@ -147,18 +135,23 @@ struct SoftmaxState {
     float accumulator[D / 8][4] = {};    // per n-tile j: rows group (0, 1) and 8 + group (2, 3, stay zero)
 };
 
+// One tile: S = Q K^T over its 16 positions (two n-tiles of 8), the online softmax, O += P V.
 template <int D>
-__device__ __forceinline__ void attend_tile(SoftmaxState<D>& state, const TileRegisters<D>& tile,
+__device__ __forceinline__ void attend_tile(SoftmaxState<D>& state, const uint4* stage,
                                             const uint32_t (&query)[D / 8], float scale_log2, int tile_start,
-                                            int length, int quad) {
+                                            int length, int lane) {
+    const int quad = lane % 4, matrix = lane / 8, matrix_row = lane % 8;
+    const uint4* keys = stage;
+    const uint4* values = stage + kTile * kChunks<D>;
     float scores[2][4] = {};
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
-#pragma unroll
-        for (int step = 0; step < D / 16; ++step) {
-            mma_bf16(scores[t], query[2 * step], query[2 * step + 1], word_of(tile.key[t], 2 * step),
-                     word_of(tile.key[t], 2 * step + 1));
-        }
+    for (int step = 0; step < D / 16; ++step) {
+        // Matrices: (positions 0-7, dims 16 step ..+8), (0-7, +8..+16), (8-15, ..+8), (8-15, +8..+16).
+        uint32_t b[4];
+        const int position = 8 * (matrix / 2) + matrix_row;
+        load_matrices<false>(b, keys + swizzled(position, 2 * step + matrix % 2, kChunks<D>));
+        mma_bf16(scores[0], query[2 * step], query[2 * step + 1], b[0], b[1]);
+        mma_bf16(scores[1], query[2 * step], query[2 * step + 1], b[2], b[3]);
     }
     float tile_max = kNegativeLarge;
 #pragma unroll
@@ -189,15 +182,18 @@ __device__ __forceinline__ void attend_tile(SoftmaxState<D>& state, const TileRe
     const uint32_t probs_low = pack_bf16(probs[0][0], probs[0][1]);   // positions 2 quad, 2 quad + 1
     const uint32_t probs_high = pack_bf16(probs[1][0], probs[1][1]);  // positions 8 + 2 quad, 9 + 2 quad
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-        state.accumulator[j][0] *= correction;
-        state.accumulator[j][1] *= correction;
-        // Dimension group D/8 + j of the four positions, two at a time: low halves for even j, high for odd.
-        const int index = j / 2;
-        const uint32_t selector = (j & 1) ? 0x7632u : 0x5410u;
-        const uint32_t b0 = __byte_perm(word_of(tile.value[0], index), word_of(tile.value[1], index), selector);
-        const uint32_t b1 = __byte_perm(word_of(tile.value[2], index), word_of(tile.value[3], index), selector);
-        mma_bf16(state.accumulator[j], probs_low, probs_high, b0, b1);
+    for (int pair = 0; pair < D / 16; ++pair) {
+        // Transposed matrices: (positions 0-7, dims 16 pair ..+8), (8-15, ..+8), (0-7, +8..+16), (8-15, +8..+16).
+        uint32_t b[4];
+        const int position = 8 * (matrix % 2) + matrix_row;
+        load_matrices<true>(b, values + swizzled(position, 2 * pair + matrix / 2, kChunks<D>));
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float (&output)[4] = state.accumulator[2 * pair + half];
+            output[0] *= correction;
+            output[1] *= correction;
+            mma_bf16(output, probs_low, probs_high, b[2 * half], b[2 * half + 1]);
+        }
     }
 }
 
@@ -227,18 +223,18 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
             reinterpret_cast<const uint4*>(source)[chunk];
     }
 
-    // This lane's share of query head `group` (zero for the padding rows).
+    // This lane's words of query head `group` as mma's A fragment (zero for the padding rows): k-step s takes
+    // dimensions 16 s + 2 quad, +1 and 16 s + 8 + 2 quad, +1.
     uint32_t query_words[D / 8];
     {
-        uint4 vectors[D / 32];
         const bool real_head = group < p.group_size;
-        const uint4* row = reinterpret_cast<const uint4*>(
-            p.query + sequence * p.query_stride_sequence + (kv_head * p.group_size + group) * p.query_stride_head +
-            quad * 8);
+        const uint32_t* row = reinterpret_cast<const uint32_t*>(
+            p.query + sequence * p.query_stride_sequence + (kv_head * p.group_size + group) * p.query_stride_head);
 #pragma unroll
-        for (int i = 0; i < D / 32; ++i) vectors[i] = real_head ? row[4 * i] : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) query_words[i] = word_of(vectors, i);
+        for (int step = 0; step < D / 16; ++step) {
+            query_words[2 * step] = real_head ? row[8 * step + quad] : 0u;
+            query_words[2 * step + 1] = real_head ? row[8 * step + 4 + quad] : 0u;
+        }
     }
     __syncthreads();  // the new key/value are in the cache before any warp reads their tile
 
@@ -246,35 +242,33 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
     const int num_tiles = (length + kTile - 1) / kTile;
     // Block id of a warp's tile, or 0 past the context (never dereferenced).
     auto block_of = [&](int tile_index) { return tile_index < num_tiles ? table[tile_index * kTile / p.block_size] : 0; };
-    extern __shared__ uint4 shared_ring[];  // [S][W][kVectors][32]
-    uint4* ring = shared_ring + warp * kVectors<D> * 32;
-    auto stage_of = [&](int stage) { return ring + stage * W * kVectors<D> * 32; };
-    // S - 1 tiles in flight ahead of the one computing; a group is committed per tile, empty or not, so
-    // "all but the newest S - 2 groups done" always means "the oldest tile is here".
+    extern __shared__ uint4 shared_ring[];  // [S][W][kVectors]
+    uint4* ring = shared_ring + warp * kVectors<D>;
+    auto stage_of = [&](int stage) { return ring + stage * W * kVectors<D>; };
+    // Every stage in flight at the start; a group is committed per tile, empty or not, so "all but the newest
+    // S - 1 groups done" always means "the oldest tile is here". A stage is refilled, S tiles ahead, as soon as
+    // its tile has been read.
 #pragma unroll
-    for (int stage = 0; stage < S - 1; ++stage) {
+    for (int stage = 0; stage < S; ++stage) {
         const int tile_index = warp + stage * W;
         if (tile_index < num_tiles)
-            issue_tile<D>(stage_of(stage), p, block_of(tile_index), kv_head, tile_index * kTile, length, group,
-                          quad, lane);
+            issue_tile<D>(stage_of(stage), p, block_of(tile_index), kv_head, tile_index * kTile, length, lane);
         commit_copies();
     }
-    int pending_block = block_of(warp + (S - 1) * W);
+    int pending_block = block_of(warp + S * W);
     SoftmaxState<D> state;
     int stage = 0;
     for (int tile_index = warp; tile_index < num_tiles; tile_index += W) {
-        wait_copies<S - 2>();
-        TileRegisters<D> current;
-        read_tile(current, stage_of(stage), lane);
-        // Refill the stage read last iteration with the tile S - 1 ahead; its block id was loaded a tile ago.
-        const int ahead = tile_index + (S - 1) * W;
-        const int block_after = block_of(ahead + W);
-        const int refill = stage == 0 ? S - 1 : stage - 1;
+        wait_copies<S - 1>();
+        __syncwarp();  // the oldest tile's rows, copied by every lane, are visible to the whole warp
+        attend_tile(state, stage_of(stage), query_words, p.scale_log2, tile_index * kTile, length, lane);
+        __syncwarp();  // every lane has read the tile before its stage is refilled
+        const int ahead = tile_index + S * W;
+        const int block_after = block_of(ahead + W);  // loaded a tile before it is needed
         if (ahead < num_tiles)
-            issue_tile<D>(stage_of(refill), p, pending_block, kv_head, ahead * kTile, length, group, quad, lane);
+            issue_tile<D>(stage_of(stage), p, pending_block, kv_head, ahead * kTile, length, lane);
         commit_copies();
         pending_block = block_after;
-        attend_tile(state, current, query_words, p.scale_log2, tile_index * kTile, length, quad);
         stage = stage + 1 == S ? 0 : stage + 1;
     }
     wait_copies<0>();
@@ -292,8 +286,8 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
     }
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
-        shared_output[(warp * 8 + group) * D + (2 * quad) * (D / 8) + j] = state.accumulator[j][0];
-        shared_output[(warp * 8 + group) * D + (2 * quad + 1) * (D / 8) + j] = state.accumulator[j][1];
+        shared_output[(warp * 8 + group) * D + 8 * j + 2 * quad] = state.accumulator[j][0];
+        shared_output[(warp * 8 + group) * D + 8 * j + 2 * quad + 1] = state.accumulator[j][1];
     }
     __syncthreads();
     for (int index = threadIdx.x; index < p.group_size * D; index += W * 32) {
@@ -314,7 +308,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
 }
 
 template <int D, int W, int S>
-constexpr int kRingBytes = S * W * kVectors<D> * 32 * 16;
+constexpr int kRingBytes = S * W * kVectors<D> * 16;
 
 template <int D, int W, int S>
 cudaError_t launch_with(const DecodeParams& params, cudaStream_t stream) {
