@@ -12,6 +12,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from asyncrl.bench.models import qwen2_config, random_model
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
+from asyncrl.engine.config import DECODE_ATTENTION_KERNELS
 
 
 def main() -> None:
@@ -24,11 +25,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=45, help="kernels listed")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--block-size", type=int, default=EngineConfig.block_size, help="KV-cache block size")
+    parser.add_argument("--decode-attention", choices=DECODE_ATTENTION_KERNELS, default=EngineConfig.decode_attention,
+                        help="decode-attention kernel")
     options = parser.parse_args()
     model = random_model(qwen2_config(options.model), torch.bfloat16, "cuda")
     engine = LLMEngine(model, EngineConfig(device="cuda", max_num_seqs=options.batch, gpu_memory_utilization=0.6,
                                            enforce_eager=options.enforce_eager, max_num_batched_tokens=16384,
-                                           block_size=options.block_size))
+                                           block_size=options.block_size,
+                                           decode_attention=options.decode_attention))
     generator = torch.Generator().manual_seed(0)
     min_prompt_len = options.min_prompt_len or options.prompt_len
     for index in range(options.batch):

@@ -109,6 +109,13 @@ struct Case {
         p.stride_table = width;
         p.context_lens = lengths_device;
         p.row_order = order_device;
+        // SNAKE=1: the kernel's snake order in rounds of SMs / kv heads, as the torch entry sets it; SNAKE=N > 1:
+        // rounds of N sequences (a check of the mapping on few sequences).
+        if (const char* snake = std::getenv("SNAKE"); snake != nullptr) {
+            int sm_count = 0;
+            CHECK_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+            p.snake_wave = std::atoi(snake) > 1 ? std::atoi(snake) : sm_count / kKvHeads;
+        }
         p.output = output;
         p.output_stride_sequence = shape.heads * d;
         p.output_stride_head = d;
@@ -148,6 +155,16 @@ Case make_case(Shape shape, const std::vector<int>& lengths, int layers, uint64_
     c.order.resize(c.sequences);
     std::iota(c.order.begin(), c.order.end(), 0);
     std::stable_sort(c.order.begin(), c.order.end(), [&](int a, int b) { return lengths[a] > lengths[b]; });
+    if (const char* mode = std::getenv("ORDER"); mode != nullptr && std::string(mode).rfind("snake", 0) == 0) {
+        // ORDER=snakeN: waves of N sequences, every other wave reversed, so that if the hardware deals CTAs to
+        // SMs round-robin, each SM's CTAs sum to about the same work.
+        const int wave = std::atoi(mode + 5);
+        std::vector<int> sorted = c.order;
+        for (int y = 0; y < c.sequences; ++y) {
+            const int w = y / wave, j = y % wave, count = std::min(wave, c.sequences - w * wave);
+            c.order[y] = sorted[w * wave + (w % 2 == 0 ? j : count - 1 - j)];
+        }
+    }
     const int64_t qkv_elements = static_cast<int64_t>(c.sequences) * (shape.heads + 2 * kKvHeads) * shape.head_dim;
     __nv_bfloat16* qkv = nullptr;
     CHECK_CUDA(cudaMalloc(&qkv, qkv_elements * 2));
@@ -313,10 +330,50 @@ std::vector<int> parse_list(const char* text) {
     return values;
 }
 
+// Which SM each CTA of a (kv heads, sequences) grid runs on, with the kernel's resources (4 warps, a 48 KB
+// ring): every CTA spins until all have started, so the whole grid is resident at once.
+__global__ void probe_placement(int* sm_of_block, int* started, int total) {
+    extern __shared__ uint4 unused[];
+    if (threadIdx.x == 0) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        sm_of_block[blockIdx.y * gridDim.x + blockIdx.x] = static_cast<int>(sm);
+        atomicAdd(started, 1);
+        const long long deadline = clock64() + 200000000LL;  // ~0.1 s: never hang if the grid cannot all fit
+        while (atomicAdd(started, 0) < total && clock64() < deadline) {
+        }
+        unused[0] = make_uint4(sm, 0, 0, 0);
+    }
+}
+
+void probe(int sequences, int shared_bytes) {
+    int *sm_of_block = nullptr, *started = nullptr;
+    const int total = 2 * sequences;
+    CHECK_CUDA(cudaMalloc(&sm_of_block, total * 4));
+    CHECK_CUDA(cudaMalloc(&started, 4));
+    CHECK_CUDA(cudaMemset(started, 0, 4));
+    CHECK_CUDA(cudaFuncSetAttribute(probe_placement, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+    probe_placement<<<dim3(2, sequences), 128, shared_bytes>>>(sm_of_block, started, total);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const std::vector<int> sms = download(sm_of_block, total);
+    int sm_count = 0;
+    CHECK_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+    int matches = 0;
+    for (int b = 0; b < total; ++b) matches += sms[b] == sms[b % sm_count];
+    std::printf("probe: %d SMs; linear block b on the SM of block b %% %d for %d of %d blocks; first 140:", sm_count,
+                sm_count, matches, total);
+    for (int b = 0; b < std::min(total, 140); ++b) std::printf(" %d", sms[b]);
+    std::printf("\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "check";
+    if (mode == "probe") {
+        probe(256, 48 * 1024);
+        return 0;
+    }
     if (mode == "check") {
         bool passed = true;
         for (int head_dim : {64, 128})
