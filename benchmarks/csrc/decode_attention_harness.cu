@@ -109,13 +109,6 @@ struct Case {
         p.stride_table = width;
         p.context_lens = lengths_device;
         p.row_order = order_device;
-        // SNAKE=1: the kernel's snake order in rounds of SMs / kv heads, as the torch entry sets it; SNAKE=N > 1:
-        // rounds of N sequences (a check of the mapping on few sequences).
-        if (const char* snake = std::getenv("SNAKE"); snake != nullptr) {
-            int sm_count = 0;
-            CHECK_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
-            p.snake_wave = std::atoi(snake) > 1 ? std::atoi(snake) : sm_count / kKvHeads;
-        }
         p.output = output;
         p.output_stride_sequence = shape.heads * d;
         p.output_stride_head = d;
@@ -155,16 +148,6 @@ Case make_case(Shape shape, const std::vector<int>& lengths, int layers, uint64_
     c.order.resize(c.sequences);
     std::iota(c.order.begin(), c.order.end(), 0);
     std::stable_sort(c.order.begin(), c.order.end(), [&](int a, int b) { return lengths[a] > lengths[b]; });
-    if (const char* mode = std::getenv("ORDER"); mode != nullptr && std::string(mode).rfind("snake", 0) == 0) {
-        // ORDER=snakeN: waves of N sequences, every other wave reversed, so that if the hardware deals CTAs to
-        // SMs round-robin, each SM's CTAs sum to about the same work.
-        const int wave = std::atoi(mode + 5);
-        std::vector<int> sorted = c.order;
-        for (int y = 0; y < c.sequences; ++y) {
-            const int w = y / wave, j = y % wave, count = std::min(wave, c.sequences - w * wave);
-            c.order[y] = sorted[w * wave + (w % 2 == 0 ? j : count - 1 - j)];
-        }
-    }
     const int64_t qkv_elements = static_cast<int64_t>(c.sequences) * (shape.heads + 2 * kKvHeads) * shape.head_dim;
     __nv_bfloat16* qkv = nullptr;
     CHECK_CUDA(cudaMalloc(&qkv, qkv_elements * 2));

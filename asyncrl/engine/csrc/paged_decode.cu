@@ -67,11 +67,6 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::
     params.stride_table = block_tables.stride(0);
     params.context_lens = context_lens.data_ptr<int>();
     params.row_order = row_order.has_value() ? row_order->data_ptr<int>() : nullptr;
-    // A longest-first row order is dealt to the SMs in snake rounds (see the kernel); one round is one CTA per SM.
-    int sm_count = 0;
-    TORCH_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, query.get_device()) == cudaSuccess,
-                "paged_decode (CUDA): cannot read the SM count");
-    params.snake_wave = row_order.has_value() ? sm_count / static_cast<int>(num_kv_heads) : 0;
     params.output = bf16(output);
     params.output_stride_sequence = output.stride(0);
     params.output_stride_head = output.stride(1);

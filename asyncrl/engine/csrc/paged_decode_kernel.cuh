@@ -43,8 +43,6 @@ struct DecodeParams {
     int64_t stride_table;
     const int* context_lens;  // (sequences,) including the new token
     const int* row_order;     // (sequences,) the order CTAs start in (longest context first), or nullptr
-    // > 0: CTAs take row_order in waves of this many sequences, every other wave reversed (see the kernel).
-    int snake_wave;
     __nv_bfloat16* output;    // (sequences, heads, D)
     int64_t output_stride_sequence, output_stride_head;
     int num_sequences, num_kv_heads, group_size;
@@ -207,15 +205,7 @@ constexpr int kMinBlocks = (D == 64 ? 16 : 8) / W;
 template <int D, int W, int S>
 __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(const DecodeParams p) {
     const int kv_head = blockIdx.x;
-    // The hardware deals a grid that fits at once to the SMs round-robin, so with row_order longest first the
-    // first SMs would draw the longest context of every round. Reversing every other round of `snake_wave`
-    // sequences (the SM count over the kv heads) gives each SM about the same sum of context lengths.
-    int rank = blockIdx.y;
-    if (p.snake_wave > 0) {
-        const int wave = rank / p.snake_wave, count = min(p.snake_wave, p.num_sequences - wave * p.snake_wave);
-        if (wave % 2 == 1) rank = wave * p.snake_wave + count - 1 - rank % p.snake_wave;
-    }
-    const int sequence = p.row_order != nullptr ? p.row_order[rank] : rank;
+    const int sequence = p.row_order != nullptr ? p.row_order[blockIdx.y] : blockIdx.y;
     const int length = p.context_lens[sequence];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, quad = lane % 4;
 
