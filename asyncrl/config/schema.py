@@ -76,6 +76,10 @@ class RolloutConfig:
         0.5, "fraction of device memory the engine may take on GPU, weights included", gt=0.0, le=1.0)
     cpu_kv_cache_mb: int = option(256, "KV-cache byte budget of the engine on CPU, in MiB", gt=0)
     enforce_eager: bool = option(False, "disable CUDA graphs and torch.compile in the engine (eager decode steps)")
+    decode_attention: Literal["auto", "triton", "cuda"] = option(
+        "auto", "decode-attention kernel on GPU: cuda = the CUDA C++ kernel (built on first use with the CUDA "
+                "toolkit, nvcc and ninja; an error where it cannot be), triton = the Triton kernel, auto = cuda "
+                "where it builds, else triton with a warning")
     n_gpus_per_node: int = option(1, "rollout devices per node in separated modes (CPU slots on CPU)", gt=0)
     max_replica_restarts: int = option(3, "times Ray restarts a rollout replica that died (fully_async then "
                                           "re-syncs its weights and re-queues its requests)", ge=0)

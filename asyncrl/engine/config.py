@@ -12,7 +12,7 @@ import torch
 
 from asyncrl.config.schema import RolloutConfig
 
-DECODE_ATTENTION_KERNELS = ("triton", "cuda")
+DECODE_ATTENTION_KERNELS = ("auto", "triton", "cuda")
 
 
 @dataclass
@@ -37,10 +37,11 @@ class EngineConfig:
     # Launch the next decode before postprocessing the current one, overlapping host work with the device
     # (see `LLMEngine.step`); outputs are the same either way.
     async_scheduling: bool = True
-    # The CUDA decode-attention kernel: "triton" (`triton_kernels`) or "cuda" (the CUDA C++ kernel of
-    # `cuda_decode`, built on first use; an error where it cannot be built). Calls the CUDA kernel does not cover
-    # (fp16/fp32, split contexts) go to Triton. "cuda" is opt-in: on an H200 it is still slower (docs/benchmarks.md).
-    decode_attention: str = "triton"
+    # The CUDA decode-attention kernel: "cuda" (the CUDA C++ kernel of `cuda_decode`, built on first use; an error
+    # where it cannot be built), "triton" (`triton_kernels`), or "auto": "cuda" where it builds, else "triton" with a
+    # warning that says why. Calls the CUDA kernel does not cover (fp16/fp32, split contexts) go to Triton either way.
+    # On an H200 the CUDA kernel's decode steps are 1-2% faster (docs/benchmarks.md, twelfth round).
+    decode_attention: str = "auto"
     device: str = "cpu"
     dtype: torch.dtype | None = None
 
@@ -93,4 +94,4 @@ class EngineConfig:
         return cls(max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
                    block_size=rollout.block_size, gpu_memory_utilization=rollout.gpu_memory_utilization,
                    cpu_kv_cache_mb=rollout.cpu_kv_cache_mb, enforce_eager=rollout.enforce_eager,
-                   device=device, dtype=dtype, **overrides)
+                   decode_attention=rollout.decode_attention, device=device, dtype=dtype, **overrides)

@@ -74,7 +74,7 @@ def load_decode_kernel() -> DecodeKernel:
     try:
         _extension()
     except Exception as error:  # no CUDA toolkit, a compiler error: say which, and what to set instead
-        raise RuntimeError(f"engine.decode_attention='cuda': the CUDA decode-attention kernel could not be built "
+        raise RuntimeError(f"the CUDA decode-attention kernel could not be built "
                            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
-                           f"use 'triton'") from error
+                           f"engine.decode_attention='triton' does without it") from error
     return paged_decode_attention

@@ -47,15 +47,20 @@ from asyncrl.models.transformer import CausalLM
 logger = logging.getLogger(__name__)
 
 
-def load_cuda_kernels(decode_attention: str) -> tuple[DecodeKernel, FusedSampleKernel]:
-    """The decode-attention kernel `EngineConfig.decode_attention` names, and the fused sampler."""
+def load_cuda_kernels(decode_attention: str) -> tuple[str, DecodeKernel, FusedSampleKernel]:
+    """The decode-attention kernel `EngineConfig.decode_attention` asks for (with the name of the one that
+    runs, "cuda" or "triton"), and the fused sampler."""
     # Imported here, not at the top: triton ships with CUDA installs only.
-    from asyncrl.engine import triton_kernels, triton_sampler
-    decode_kernel: DecodeKernel = triton_kernels.paged_decode_attention
-    if decode_attention == "cuda":
-        from asyncrl.engine import cuda_decode
-        decode_kernel = cuda_decode.load_decode_kernel()
-    return decode_kernel, triton_sampler.fused_sample
+    from asyncrl.engine import cuda_decode, triton_kernels, triton_sampler
+    if decode_attention == "triton":
+        return "triton", triton_kernels.paged_decode_attention, triton_sampler.fused_sample
+    try:
+        return "cuda", cuda_decode.load_decode_kernel(), triton_sampler.fused_sample
+    except RuntimeError as error:
+        if decode_attention == "cuda":
+            raise
+        logger.warning("engine.decode_attention='auto' uses the Triton kernel: %s", error)
+        return "triton", triton_kernels.paged_decode_attention, triton_sampler.fused_sample
 
 
 class ModelRunner:
@@ -72,7 +77,11 @@ class ModelRunner:
         self.device = config.torch_device
         self.max_model_len = max_model_len
         self.block_size = config.block_size
-        decode_kernel, sample_kernel = load_cuda_kernels(config.decode_attention) if config.is_cuda else (None, None)
+        # The decode-attention kernel that runs ("cuda" or "triton"; None on CPU, where the torch path does).
+        self.decode_attention: str | None = None
+        decode_kernel, sample_kernel = None, None
+        if config.is_cuda:
+            self.decode_attention, decode_kernel, sample_kernel = load_cuda_kernels(config.decode_attention)
         self.decode_kernel = decode_kernel
         self.sampler = Sampler(sample_kernel)
         self.num_processors = (torch.cuda.get_device_properties(self.device).multi_processor_count

@@ -1,5 +1,6 @@
 """The CUDA C++ decode-attention kernel (`asyncrl.engine.cuda_decode`) against fp32 attention and against the
-Triton kernel it stands in for (skipped without a GPU; the first test builds the kernel, a minute or two), and the engine's choice of kernel.
+Triton kernel it stands in for (skipped without a GPU; the first test builds the kernel, a minute or two), and the
+engine's choice of kernel ("auto" falls back to Triton where the CUDA kernel cannot be built).
 
     python -m pytest tests/engine/test_cuda_decode.py -q
 """
@@ -131,3 +132,26 @@ def test_engine_with_the_cuda_kernel_matches_a_dense_forward(wide_folder):  # no
 def test_engine_config_rejects_an_unknown_decode_kernel():
     with pytest.raises(ValueError, match="engine.decode_attention"):
         EngineConfig(device="cuda", decode_attention="flash")
+
+
+@pytest.mark.parametrize("builds", [True, False])
+def test_auto_takes_the_cuda_kernel_where_it_builds_and_falls_back_to_triton_with_a_warning(monkeypatch, caplog,
+                                                                                            builds):
+    pytest.importorskip("triton")  # the kernels' modules import it (CUDA installs; the interpreter on CPU)
+    from asyncrl.engine import cuda_decode, model_runner, triton_kernels
+
+    def load():
+        if not builds:
+            raise RuntimeError("the CUDA decode-attention kernel could not be built (no nvcc)")
+        return cuda_decode.paged_decode_attention
+
+    monkeypatch.setattr(cuda_decode, "load_decode_kernel", load)
+    name, kernel, _ = model_runner.load_cuda_kernels("auto")
+    if builds:
+        assert (name, kernel) == ("cuda", cuda_decode.paged_decode_attention) and not caplog.records
+    else:
+        assert (name, kernel) == ("triton", triton_kernels.paged_decode_attention)
+        assert "uses the Triton kernel" in caplog.text and "no nvcc" in caplog.text
+        with pytest.raises(RuntimeError, match="no nvcc"):  # asked for by name, a failed build is an error
+            model_runner.load_cuda_kernels("cuda")
+    assert model_runner.load_cuda_kernels("triton")[:2] == ("triton", triton_kernels.paged_decode_attention)
