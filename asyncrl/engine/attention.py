@@ -6,8 +6,9 @@
 - CUDA prefill: every prefill row starts at position 0 (preemption recomputes, sharing happens inside
   one prefill), so attention needs only the new tokens: `dense_prefill_attention` pads them into
   (R, T_max) rows and runs causal SDPA (flash attention in bf16).
-- CUDA decode: the Triton kernel of `triton_kernels.paged_decode_attention` stores the new keys/values
-  itself and reads KV blocks through the block table without materialising padded KV.
+- CUDA decode: a `DecodeKernel` (the CUDA C++ kernel of `cuda_decode`, or the Triton kernel of
+  `triton_kernels.paged_decode_attention`: `EngineConfig.decode_attention`) stores the new keys/values itself
+  and reads KV blocks through the block table without materialising padded KV.
 
 A "row" is one computed token sequence: in a prefill the leader of a group, in a decode one sequence.
 """

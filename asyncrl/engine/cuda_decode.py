@@ -11,7 +11,8 @@ goes to the Triton kernel, so the engine never needs to know which one ran.
 
 It is built with torch's extension builder (nvcc and ninja, the CUDA toolkit torch was built against) into
 torch's extension cache, once per machine. Where that fails (no toolkit), `load_decode_kernel` raises, naming
-the cause and the config key that asked for the kernel.
+the cause; the engine's default, `decode_attention="auto"`, then runs the Triton kernel and logs why
+(`model_runner.load_cuda_kernels`).
 """
 
 from __future__ import annotations
