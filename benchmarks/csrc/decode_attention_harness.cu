@@ -7,6 +7,7 @@
 //   .devbuild/decode_attention_harness check            # fp32 reference on the host, both head shapes
 //   .devbuild/decode_attention_harness time 64 4,8 2,3  # head dim, warps, stages: us per layer and TB/s
 //   .devbuild/decode_attention_harness once 64 4 3      # one launch (under ncu or compute-sanitizer)
+//   .devbuild/decode_attention_harness probe            # which SM each CTA of the 0.5B grid runs on
 //
 // The timed case is `benchmarks/tune_decode_attention.py`'s: 256 sequences, contexts uniform in 640-1,536,
 // longest first, blocks of 16 positions shuffled over the cache, 24 layers of distinct caches (so the KV comes
