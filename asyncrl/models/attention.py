@@ -204,11 +204,16 @@ class SelfAttention(nn.Module):
         query_and_key = fused[..., :num_heads * self.head_dim].view(*leading, num_heads, self.head_dim)
         rotated = apply_rotary(query_and_key, cos, sin)
         value = fused[..., num_heads * self.head_dim:].view(*leading, self.num_kv_heads, self.head_dim)
-        # The key is copied out of `rotated` (2 of 16 heads for Qwen2.5-0.5B: Inductor writes it in the same
-        # kernel). Two outputs of a compiled function that view one intermediate are re-created as eager views
-        # after the call, and their backward is then eager too: zeros, a copy into a slice and an add for each,
-        # five kernels per layer and micro-batch, ~5 ms of a 0.25 s 0.5B update on an H200.
-        return rotated[..., :self.num_heads, :], rotated[..., self.num_heads:, :].contiguous(), value
+        key = rotated[..., self.num_heads:, :]
+        if torch.is_grad_enabled():
+            # With autograd the key is copied out of `rotated` (2 of 16 heads for Qwen2.5-0.5B). Two outputs of a
+            # compiled function that view one intermediate are re-created as eager views after the call, and
+            # their backward is then eager too: zeros, a copy into a slice and an add for each, five kernels per
+            # layer and micro-batch, ~5 ms of a 0.25 s 0.5B update on an H200. Without autograd (the engine, log-
+            # prob passes) the view is free, where the copy was a kernel of its own in every decode layer (1.1 us
+            # on an H200); every attention path takes strided heads, as it does for the value.
+            key = key.contiguous()
+        return rotated[..., :self.num_heads, :], key, value
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, attention: AttentionBackend | None) -> Tensor:
         """Dense causal SDPA over (B, T, H, D) with attention None, else the backend over (N, H, D);

@@ -133,3 +133,24 @@ def test_compiled_first_half_hands_attention_its_inputs_from_the_compiled_graph(
         cos, sin = model.model.rotary_emb(attention.positions(), hidden.dtype)
         _, *inputs = model.model.layers[0].attention_inputs(hidden, None, cos, sin)
         assert [type(tensor.grad_fn).__name__ for tensor in inputs] == ["CompiledFunctionBackward"] * 3, case
+
+
+def test_without_autograd_the_key_is_a_view_of_the_rotary_output_not_a_copy(family_folders: dict[str, Path]) -> None:
+    """The copy out of the joint rotary output exists for autograd (above); an engine's decode layers run without
+    it, and there the copy would be a kernel of its own per layer. Same values either way, eager and compiled."""
+    model = load_model(family_folders["qwen2_bias_tied"])
+    compiled = load_model(family_folders["qwen2_bias_tied"])
+    compile_decoder_layers(compiled, backend="aot_eager")
+    attention = PackedCausalAttention.from_lengths([4, 7])
+    hidden = torch.randn(11, model.config.hidden_size)
+    cos, sin = model.model.rotary_emb(attention.positions(), hidden.dtype)
+    keys = {}
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            for name, each in (("eager", model), ("compiled", compiled)):
+                _, query, key, _ = each.model.layers[0].attention_inputs(hidden, None, cos, sin)
+                keys[name, grad] = key
+                # Query and key are adjacent heads of one rotated tensor: without autograd they share its storage.
+                assert key.is_contiguous() == grad
+                assert (key.untyped_storage().data_ptr() == query.untyped_storage().data_ptr()) != grad
+    assert all(torch.equal(keys["eager", False], key) for key in keys.values())
