@@ -17,6 +17,7 @@ from asyncrl.config.fields import option, section
 Mode = Literal["sync", "one_step_off", "fully_async"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 CorrectionLevel = Optional[Literal["token", "sequence", "geometric"]]
+DecodeAttention = Literal["auto", "triton", "cuda"]
 
 
 @dataclass
@@ -76,7 +77,7 @@ class RolloutConfig:
         0.5, "fraction of device memory the engine may take on GPU, weights included", gt=0.0, le=1.0)
     cpu_kv_cache_mb: int = option(256, "KV-cache byte budget of the engine on CPU, in MiB", gt=0)
     enforce_eager: bool = option(False, "disable CUDA graphs and torch.compile in the engine (eager decode steps)")
-    decode_attention: Literal["auto", "triton", "cuda"] = option(
+    decode_attention: DecodeAttention = option(
         "auto", "decode-attention kernel on GPU: cuda = the CUDA C++ kernel (built on first use with the CUDA "
                 "toolkit, nvcc and ninja; an error where it cannot be), triton = the Triton kernel, auto = cuda "
                 "where it builds, else triton with a warning")

@@ -7,12 +7,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 
-from asyncrl.config.schema import RolloutConfig
+from asyncrl.config.schema import DecodeAttention, RolloutConfig
 
-DECODE_ATTENTION_KERNELS = ("auto", "triton", "cuda")
+DECODE_ATTENTION_KERNELS = get_args(DecodeAttention)
 
 
 @dataclass

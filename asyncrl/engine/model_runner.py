@@ -52,15 +52,15 @@ def load_cuda_kernels(decode_attention: str) -> tuple[str, DecodeKernel, FusedSa
     runs, "cuda" or "triton"), and the fused sampler."""
     # Imported here, not at the top: triton ships with CUDA installs only.
     from asyncrl.engine import cuda_decode, triton_kernels, triton_sampler
-    if decode_attention == "triton":
-        return "triton", triton_kernels.paged_decode_attention, triton_sampler.fused_sample
-    try:
-        return "cuda", cuda_decode.load_decode_kernel(), triton_sampler.fused_sample
-    except RuntimeError as error:
-        if decode_attention == "cuda":
-            raise
-        logger.warning("engine.decode_attention='auto' uses the Triton kernel: %s", error)
-        return "triton", triton_kernels.paged_decode_attention, triton_sampler.fused_sample
+    name, decode_kernel = "triton", triton_kernels.paged_decode_attention
+    if decode_attention != "triton":
+        try:
+            name, decode_kernel = "cuda", cuda_decode.load_decode_kernel()
+        except RuntimeError as error:
+            if decode_attention == "cuda":
+                raise
+            logger.warning("engine.decode_attention='auto' uses the Triton kernel: %s", error)
+    return name, decode_kernel, triton_sampler.fused_sample
 
 
 class ModelRunner:

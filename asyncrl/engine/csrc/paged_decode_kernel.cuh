@@ -309,9 +309,13 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
 
 template <int D, int W, int S>
 constexpr int kRingBytes = S * W * kVectors<D> * 16;
+// The warps' merge (max and sum per head, then each warp's 8 x D accumulator, fp32) reuses the ring's memory.
+template <int D, int W>
+constexpr int kMergeBytes = (W * 8 * 2 + W * 8 * D) * 4;
 
 template <int D, int W, int S>
 cudaError_t launch_with(const DecodeParams& params, cudaStream_t stream) {
+    static_assert(kMergeBytes<D, W> <= kRingBytes<D, W, S>, "the warps' merge must fit in the ring's memory");
     // The ring takes more than the 48 KB a launch gets without asking, and the largest shared-memory carveout
     // lets four CTAs' rings share an SM; set once per instantiation.
     static const cudaError_t prepared = [] {
