@@ -30,11 +30,11 @@ class DecodeKernel(Protocol):
 
     def __call__(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                  context_lens: Tensor, num_splits: int, *, new_key: Tensor, new_value: Tensor,
-                 write_slots: Tensor, row_order: Tensor | None) -> Tensor:
+                 write_slots: Tensor, row_order: Tensor | None, rotary: tuple[Tensor, Tensor] | None) -> Tensor:
         """query (S, Hq, D); caches (num_blocks + 1, block_size, Hkv, D); block_tables (S, W) int32;
         context_lens (S,) int32 including the new token; new_key/new_value (S, Hkv, D) stored at write_slots
-        (S,) by the kernel; row_order (S,) int32 the order the sequences' programs start in (None: as given)
-        -> (S, Hq, D)."""
+        (S,) by the kernel; row_order (S,) int32 the order the sequences' programs start in (None: as given);
+        rotary None, or (cos, sin) (S, D) when query and new_key arrive before RoPE -> (S, Hq, D)."""
         ...
 
 
@@ -63,21 +63,32 @@ class AttentionMetadata:
 
 
 class PagedAttention:
-    """`AttentionBackend` over a `KVCache` for one step; `decode_kernel` None selects the torch path."""
+    """`AttentionBackend` over a `KVCache` for one step; `decode_kernel` None selects the torch path.
 
-    def __init__(self, kv_cache: KVCache, metadata: AttentionMetadata, decode_kernel: DecodeKernel | None) -> None:
+    `rotary_in_decode_kernel`: a decode step hands RoPE to the decode kernel (`rotates`), which rotates the
+    query and the new key as it loads them. The engine sets it for the CUDA kernel, where that saves the step
+    one rotary kernel per layer; the Triton kernel would only rotate them by torch first."""
+
+    def __init__(self, kv_cache: KVCache, metadata: AttentionMetadata, decode_kernel: DecodeKernel | None,
+                 rotary_in_decode_kernel: bool = False) -> None:
         self.kv_cache = kv_cache
         self.metadata = metadata
         self.decode_kernel = decode_kernel
+        self.rotates = rotary_in_decode_kernel and decode_kernel is not None and metadata.is_decode
 
-    def attend(self, layer_index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+    def attend(self, layer_index: int, query: Tensor, key: Tensor, value: Tensor,
+               rotary: tuple[Tensor, Tensor] | None = None) -> Tensor:
         metadata = self.metadata
+        if self.rotates != (rotary is not None):
+            raise ValueError(f"PagedAttention (rotates={self.rotates}) was given rotary={rotary is not None}: "
+                             f"cos/sin go with, and only with, a backend that rotates")
         key_cache, value_cache = self.kv_cache.layer(layer_index)
         if self.decode_kernel is not None and metadata.is_decode:
             # The kernel stores the new key/value itself: one launch per layer instead of three.
             return self.decode_kernel(query, key_cache, value_cache, metadata.block_tables, metadata.context_lens,
                                       metadata.num_splits, new_key=key, new_value=value,
-                                      write_slots=metadata.write_slots, row_order=metadata.row_order)
+                                      write_slots=metadata.write_slots, row_order=metadata.row_order,
+                                      rotary=rotary)
         self.kv_cache.write(layer_index, key, value, metadata.write_rows, metadata.write_slots)
         if self.decode_kernel is None:
             return torch_paged_attention(query, key_cache, value_cache, metadata)

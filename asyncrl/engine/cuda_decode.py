@@ -32,7 +32,7 @@ ENTRY = SOURCES / "paged_decode.cu"  # the torch entry; it includes the kernel, 
 _DECLARATION = ("torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache, "
                 "torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor new_key, "
                 "torch::Tensor new_value, torch::Tensor write_slots, std::optional<torch::Tensor> row_order, "
-                "int64_t warps, int64_t stages);")
+                "std::optional<torch::Tensor> cos, std::optional<torch::Tensor> sin, int64_t warps, int64_t stages);")
 TILE = 16  # positions per warp step: the block size must be a multiple of it
 MAX_GROUP = 8  # query heads per KV head: the rows of one tensor-core fragment
 
@@ -59,15 +59,18 @@ def covers(query: Tensor, key_cache: Tensor, num_splits: int) -> bool:
 
 def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                            context_lens: Tensor, num_splits: int = 1, *, new_key: Tensor, new_value: Tensor,
-                           write_slots: Tensor, row_order: Tensor | None = None, num_warps: int = 4,
+                           write_slots: Tensor, row_order: Tensor | None = None,
+                           rotary: tuple[Tensor, Tensor] | None = None, num_warps: int = 4,
                            num_stages: int = 3) -> Tensor:
-    """`DecodeKernel`: the CUDA kernel where it `covers` the call, the Triton kernel elsewhere."""
+    """`DecodeKernel`: the CUDA kernel where it `covers` the call, the Triton kernel elsewhere. With `rotary`
+    the CUDA kernel rotates the query and the new key itself (no rotary kernel before it)."""
     if not covers(query, key_cache, num_splits):
         return triton_kernels.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens,
                                                      num_splits, new_key=new_key, new_value=new_value,
-                                                     write_slots=write_slots, row_order=row_order)
+                                                     write_slots=write_slots, row_order=row_order, rotary=rotary)
+    cos, sin = (None, None) if rotary is None else rotary
     return _extension().paged_decode(query, key_cache, value_cache, block_tables, context_lens, new_key, new_value,
-                                     write_slots, row_order, num_warps, num_stages)
+                                     write_slots, row_order, cos, sin, num_warps, num_stages)
 
 
 def load_decode_kernel() -> DecodeKernel:

@@ -47,10 +47,12 @@ class DecodeGraphs:
     """Captures and replays the decode step (uploaded inputs -> sampled tokens) per bucket."""
 
     def __init__(self, model: CausalLM, kv_cache: KVCache, decode_kernel: DecodeKernel | None, sampler: Sampler,
-                 max_num_seqs: int, max_blocks_per_sequence: int, num_processors: int) -> None:
+                 max_num_seqs: int, max_blocks_per_sequence: int, num_processors: int,
+                 rotary_in_decode_kernel: bool = False) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.decode_kernel = decode_kernel
+        self.rotary_in_decode_kernel = rotary_in_decode_kernel  # see `PagedAttention`
         self.sampler = sampler
         self.buckets = decode_buckets(max_num_seqs)
         self.num_processors = num_processors
@@ -142,7 +144,7 @@ class DecodeGraphs:
                 query_lens=query_lens, query_token_indices=query_token_indices, max_query_len=1,
                 max_context_len=max_context_len, is_decode=True, num_splits=num_splits,
                 row_order=field("row_order", bucket))
-            attention = PagedAttention(self.kv_cache, metadata, self.decode_kernel)
+            attention = PagedAttention(self.kv_cache, metadata, self.decode_kernel, self.rotary_in_decode_kernel)
             hidden = self.model(input_ids, field("positions", bucket), attention)  # int32: read by the compiled `embed`
             torch.matmul(hidden, lm_head_weight.t(), out=self.logits[:bucket])
         return forward

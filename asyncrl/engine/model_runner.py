@@ -83,6 +83,8 @@ class ModelRunner:
         if config.is_cuda:
             self.decode_attention, decode_kernel, sample_kernel = load_cuda_kernels(config.decode_attention)
         self.decode_kernel = decode_kernel
+        # The CUDA kernel rotates q and the new key itself (one kernel per decode layer fewer); Triton's does not.
+        self.rotary_in_decode_kernel = self.decode_attention == "cuda"
         self.sampler = Sampler(sample_kernel)
         self.num_processors = (torch.cuda.get_device_properties(self.device).multi_processor_count
                                if config.is_cuda else 1)
@@ -95,7 +97,7 @@ class ModelRunner:
         if config.use_cuda_graphs:
             max_blocks = -(-max_model_len // self.block_size)
             self.graphs = DecodeGraphs(self.model, self.kv_cache, decode_kernel, self.sampler, config.max_num_seqs,
-                                       max_blocks, self.num_processors)
+                                       max_blocks, self.num_processors, self.rotary_in_decode_kernel)
 
     def device_guard(self) -> contextlib.AbstractContextManager:
         """Makes the engine's GPU current: `AsyncEngine` steps in pool threads, whose current device is 0."""
@@ -129,7 +131,7 @@ class ModelRunner:
         return decode_num_splits(batch.num_sequences, self.kv_cache.num_kv_heads, self.num_processors)
 
     def _forward(self, inputs: StepInputs) -> Tensor:
-        attention = PagedAttention(self.kv_cache, inputs.attention, self.decode_kernel)
+        attention = PagedAttention(self.kv_cache, inputs.attention, self.decode_kernel, self.rotary_in_decode_kernel)
         hidden = self.model(inputs.input_ids, inputs.positions, attention)  # (N, hidden)
         return hidden[inputs.last_token_indices]
 

@@ -20,6 +20,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from asyncrl.models.rope import apply_rotary
+
 MIN_DOT_SIZE = 16  # tl.dot needs every dimension >= 16
 NEGATIVE_LARGE = tl.constexpr(-1.0e30)  # a finite -inf: exp(NEGATIVE_LARGE - m) is 0 without inf - inf = NaN
 
@@ -205,7 +207,7 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
                            context_lens: Tensor, num_splits: int = 1, tile: int | None = None, num_warps: int = 4,
                            num_stages: int = 3, new_key: Tensor | None = None, new_value: Tensor | None = None,
                            write_slots: Tensor | None = None, row_order: Tensor | None = None,
-                           max_registers: int | None = None) -> Tensor:
+                           rotary: tuple[Tensor, Tensor] | None = None, max_registers: int | None = None) -> Tensor:
     """query (S, Hq, D) of each sequence's newest token; key/value caches (num_blocks, block_size, Hkv, D);
     block_tables (S, W) int32; context_lens (S,) int32 (>= 1) -> (S, Hq, D) in the query's dtype.
     `num_splits` divides each context among that many programs (more parallelism for small batches);
@@ -220,8 +222,15 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
     context first keeps a mixed batch's longest programs from starting last (measured on an H200 at 256
     sequences with contexts 640-1536: 52 -> 43 us per layer).
 
+    `rotary` (cos, sin), each (S, D): the query and new key arrive before RoPE. This kernel does not rotate;
+    they are rotated here by torch first (the CUDA kernel, which the engine folds RoPE into, hands the calls it
+    does not cover to this one).
+
     `max_registers` caps the registers per thread (ptx .maxnreg), for sweeps only: on an H200 every cap from
     48 to 128 measured slower than the compiler's choice (0.5B: 43.5-55.5 us against 41.0 us per layer)."""
+    if rotary is not None:
+        query = apply_rotary(query, *rotary)
+        new_key = None if new_key is None else apply_rotary(new_key, *rotary)
     _check_decode_layouts(query, key_cache, new_key, new_value, write_slots)
     write_new = new_key is not None
     num_sequences, num_heads, head_dim = query.shape

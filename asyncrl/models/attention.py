@@ -25,10 +25,16 @@ from asyncrl.models.rope import apply_rotary
 class AttentionBackend(Protocol):
     """Attention over flattened tokens, called once per decoder layer in layer order."""
 
-    def attend(self, layer_index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+    # Whether the backend applies RoPE itself (the engine's CUDA decode kernel rotates the query and the new key
+    # as it loads them, which saves a rotary kernel per layer). Then `attend` gets them before RoPE, with the
+    # tokens' (cos, sin) as `rotary`; a backend that does not rotate never gets `rotary`.
+    rotates: bool
+
+    def attend(self, layer_index: int, query: Tensor, key: Tensor, value: Tensor,
+               rotary: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """query (N, Hq, D), key and value (N, Hkv, D) for the N tokens of this forward, after q/k norm and
-        RoPE; returns (N, Hq, D). Softmax scale is head_dim ** -0.5; Hq is a multiple of Hkv (GQA: query
-        head h reads kv head h // (Hq // Hkv))."""
+        RoPE (before RoPE with `rotary`: cos and sin (N, D)); returns (N, Hq, D). Softmax scale is
+        head_dim ** -0.5; Hq is a multiple of Hkv (GQA: query head h reads kv head h // (Hq // Hkv))."""
         ...
 
 
@@ -70,6 +76,8 @@ class PackedCausalAttention:
     It uses SDPA with a boolean (N, N) mask, which is exact but O(N^2) memory: a reference for tests and
     CPU runs, not a fast kernel. `cu_seqlens` (S + 1,) holds cumulative lengths [0, len_0, len_0 + len_1, ...].
     """
+
+    rotates = False
 
     def __init__(self, cu_seqlens: Tensor) -> None:
         cu_seqlens = torch.as_tensor(cu_seqlens, dtype=torch.int64)
@@ -119,6 +127,8 @@ class FixedCapacityPackedAttention:
     CUDA in bf16/fp16: flash attention's variable-length kernel (differentiable). Otherwise SDPA with a
     block-diagonal causal mask built from the positions (a token at position 0 starts a sequence): O(N^2)
     memory, for CPU runs and tests."""
+
+    rotates = False
 
     def __init__(self, starts: Tensor, positions: Tensor, max_length: int) -> None:
         self.starts = starts
@@ -173,8 +183,9 @@ class SelfAttention(nn.Module):
         self.qkv_weight: Tensor | None = None
         self.qkv_bias: Tensor | None = None
 
-    def project(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """hidden (..., hidden) -> query (..., Hq, D), key and value (..., Hkv, D), after q/k norm and RoPE."""
+    def project(self, hidden: Tensor, cos: Tensor, sin: Tensor, rotate: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """hidden (..., hidden) -> query (..., Hq, D), key and value (..., Hkv, D), after q/k norm and RoPE
+        (`rotate` False: before RoPE, for a backend that `rotates`)."""
         leading = hidden.shape[:-1]
         # One matrix product instead of three, as the engine computes it (so both round alike). The engine stacks
         # the weights once (`fuse_projections`); a trainer stacks them per call, a copy of (q + 2 kv) x hidden,
@@ -186,7 +197,7 @@ class SelfAttention(nn.Module):
             weight = torch.cat([projection.weight for projection in projections])
             bias = None if self.q_proj.bias is None else torch.cat([projection.bias for projection in projections])
         fused = F.linear(hidden, weight, bias)
-        if not self.use_qk_norm:
+        if not self.use_qk_norm and rotate:
             return self._rotate_query_and_key_together(fused, cos, sin)
         query, key, value = fused.split(self.projection_sizes, dim=-1)
         query = query.view(*leading, self.num_heads, self.head_dim)  # (..., Hq, D)
@@ -195,6 +206,8 @@ class SelfAttention(nn.Module):
         if self.use_qk_norm:
             query = self.q_norm(query)
             key = self.k_norm(key)
+        if not rotate:
+            return query, key, value
         return apply_rotary(query, cos, sin), apply_rotary(key, cos, sin), value
 
     def _rotate_query_and_key_together(self, fused: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -215,11 +228,14 @@ class SelfAttention(nn.Module):
             key = key.contiguous()
         return rotated[..., :self.num_heads, :], key, value
 
-    def attend(self, query: Tensor, key: Tensor, value: Tensor, attention: AttentionBackend | None) -> Tensor:
-        """Dense causal SDPA over (B, T, H, D) with attention None, else the backend over (N, H, D);
-        returns the heads concatenated, (..., Hq * D)."""
+    def attend(self, query: Tensor, key: Tensor, value: Tensor, attention: AttentionBackend | None,
+               rotary: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """Dense causal SDPA over (B, T, H, D) with attention None, else the backend over (N, H, D) (`rotary`:
+        the cos/sin of a backend that `rotates`); returns the heads concatenated, (..., Hq * D)."""
         if attention is None:
             output = causal_attention(query, key, value, grouped=self.grouped)
+        elif rotary is not None:
+            output = attention.attend(self.layer_index, query, key, value, rotary)
         else:
             output = attention.attend(self.layer_index, query, key, value)
         return output.reshape(*query.shape[:-2], self.num_heads * self.head_dim)

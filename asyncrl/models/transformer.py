@@ -53,20 +53,24 @@ class DecoderLayer(nn.Module):
         """The layer with an attention backend, its residual adds deferred: takes the stream and the previous
         layer's pending MLP output (None: none), returns the stream and this layer's MLP output.
         `mlp_grads_into`: see `SwiGLU.forward`."""
-        hidden, query, key, value = self.attention_inputs(hidden, update, cos, sin)
-        return self.attention_outputs(hidden, self.self_attn.attend(query, key, value, attention), mlp_grads_into)
+        # A backend that rotates gets q and k before RoPE (the compiled half then has no rotary kernel) and cos/sin.
+        rotates = attention.rotates
+        hidden, query, key, value = self.attention_inputs(hidden, update, cos, sin, not rotates)
+        attended = self.self_attn.attend(query, key, value, attention, (cos, sin) if rotates else None)
+        return self.attention_outputs(hidden, attended, mlp_grads_into)
 
     # With an attention backend the layer is split around the attention kernel, so that
     # `compile_decoder_layers` can compile the two halves (norms, projections, rotary, activation, residual
     # adds: most of a layer's small kernels) while the backend, which may read and write a paged KV cache,
     # stays eager. Each residual add is left to the next reader of the stream, where it fuses into the norm's
     # kernel: the MLP's add into the next layer's first half.
-    def attention_inputs(self, hidden: Tensor, update: Tensor | None, cos: Tensor,
-                         sin: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """hidden (..., hidden) plus a pending update -> the stream, query (..., Hq, D), key and value."""
+    def attention_inputs(self, hidden: Tensor, update: Tensor | None, cos: Tensor, sin: Tensor,
+                         rotate: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """hidden (..., hidden) plus a pending update -> the stream, query (..., Hq, D), key and value (RoPE
+        applied unless `rotate` is False)."""
         if update is not None:
             hidden = residual_add(hidden, update)
-        return (hidden, *self.self_attn.project(self.input_layernorm(hidden), cos, sin))
+        return (hidden, *self.self_attn.project(self.input_layernorm(hidden), cos, sin, rotate))
 
     def attention_outputs(self, hidden: Tensor, attended: Tensor,
                           mlp_grads_into: MLPGradients | None = None) -> tuple[Tensor, Tensor]:

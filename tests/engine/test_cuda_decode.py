@@ -13,6 +13,7 @@ import torch
 
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from asyncrl.models import load_model
+from asyncrl.models.rope import apply_rotary
 
 from .helpers import prompt
 from .test_cuda_engine import dense_log_probs_cuda, wide_folder  # noqa: F401 (a fixture)
@@ -88,6 +89,47 @@ def test_cuda_decode_stores_the_new_token_and_matches_fp32_attention(num_heads, 
     # bf16 probabilities in the P V product and a bf16 output: ~3e-3 relative, far below a wrong row's ~1.
     relative = ((output.float() - expected).norm(dim=-1) / expected.norm(dim=-1)).max().item()
     assert relative < 1e-2, relative
+
+
+def rotary_case(lengths: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 cos/sin (S, D) of each sequence's new position (its context's last), as the model's `embed` makes them."""
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2, device="cuda").float() / head_dim))
+    angles = (lengths.float() - 1)[:, None] * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+
+
+def rotate_once(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in fp32 of the bf16 inputs, rounded once: what the compiled rotary kernel computes."""
+    return apply_rotary(x.float(), cos.float(), sin.float()).to(torch.bfloat16)
+
+
+@needs_cuda
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(14, 2, 64), (12, 2, 128)])
+def test_cuda_decode_rotates_the_query_and_new_key_itself(num_heads, num_kv_heads, head_dim):
+    from asyncrl.engine import cuda_decode
+
+    context_lens = [1, 2, 17, 100, 1000, 2047]
+    query, key_cache, value_cache, tables, lengths, slots, new_key, new_value = decode_case(
+        context_lens, num_heads, num_kv_heads, head_dim, 16, seed=head_dim)
+    cos, sin = rotary_case(lengths, head_dim)
+    rotated_query, rotated_key = rotate_once(query, cos, sin), rotate_once(new_key, cos, sin)
+    output = cuda_decode.paged_decode_attention(query, key_cache, value_cache, tables, lengths, 1, new_key=new_key,
+                                                new_value=new_value, write_slots=slots, rotary=(cos, sin))
+    flat = (-1, num_kv_heads, head_dim)
+    stored = key_cache.view(flat)[slots].float()
+    # The kernel's fp32 arithmetic may contract into FMAs: within one bf16 rounding of the reference.
+    assert ((stored - rotated_key.float()).abs() <= rotated_key.float().abs() * 2**-8 + 1e-6).all()
+    assert not torch.allclose(stored[1:], new_key[1:].float())  # sequence 0 sits at position 0: no rotation
+    assert torch.equal(value_cache.view(flat)[slots], new_value)
+    expected = fp32_reference(rotated_query, key_cache, value_cache, tables, lengths)
+    relative = ((output.float() - expected).norm(dim=-1) / expected.norm(dim=-1)).max().item()
+    assert relative < 1e-2, relative
+    # A call it does not cover (split contexts) is rotated by torch and run by the Triton kernel, to the same result.
+    caches = (key_cache.clone(), value_cache.clone())
+    split = cuda_decode.paged_decode_attention(query, *caches, tables, lengths, 2, new_key=new_key, new_value=new_value,
+                                               write_slots=slots, rotary=(cos, sin))
+    assert (split.float() - output.float()).abs().max().item() < 2e-2
 
 
 @needs_cuda

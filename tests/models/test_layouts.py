@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from asyncrl.models import CausalLM, PackedCausalAttention, ValueModel, load_model, tiny_config
-from asyncrl.models.rope import compute_inv_freq
+from asyncrl.models.rope import apply_rotary, compute_inv_freq
 
 from .helpers import FAMILY_CASES, right_padded_batch
 
@@ -62,6 +62,8 @@ def test_layout_errors_name_the_expected_shapes(qwen2_model):
 class RecordingBackend:
     """A fake engine backend: checks the protocol's shapes and layer order, delegates to the packed one."""
 
+    rotates = False
+
     def __init__(self, lengths: list[int]) -> None:
         self.inner = PackedCausalAttention.from_lengths(lengths)
         self.layer_indices: list[int] = []
@@ -84,6 +86,42 @@ def test_backend_receives_protocol_shapes_in_layer_order(family_folders):
     expected = ((5, config.num_attention_heads, head_dim), (5, config.num_key_value_heads, head_dim),
                 (5, config.num_key_value_heads, head_dim))
     assert backend.shapes == [expected] * config.num_hidden_layers
+
+
+class RotatingBackend:
+    """A fake backend that applies RoPE itself, as the engine's CUDA decode kernel does: it records the q/k it
+    receives (before RoPE) and rotates them with the given cos/sin before the packed backend attends."""
+
+    rotates = True
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.inner = PackedCausalAttention.from_lengths(lengths)
+        self.received: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def attend(self, layer_index, query, key, value, rotary=None):
+        assert rotary is not None, "a backend that rotates gets cos/sin"
+        self.received.append((query.clone(), key.clone()))
+        return self.inner.attend(layer_index, apply_rotary(query, *rotary), apply_rotary(key, *rotary), value)
+
+
+@pytest.mark.parametrize("case", ["qwen2_bias_tied", "qwen3_qk_norm"])
+def test_a_backend_that_rotates_gets_q_and_k_before_rope_and_the_same_logits(family_folders, case):
+    model = load_model(family_folders[case])
+    lengths = [3, 2]
+    ids = torch.arange(5) + 7
+    plain, rotating = RecordingBackend(lengths), RotatingBackend(lengths)
+    with torch.no_grad():
+        expected = model.compute_logits(model(ids, plain.inner.positions(), plain))
+        logits = model.compute_logits(model(ids, rotating.inner.positions(), rotating))
+        # What layer 0 must have received: its projection with `rotate` False, from the embedding's norm.
+        layer = model.model.layers[0]
+        hidden, cos, sin = model.model.embed(ids, rotating.inner.positions())
+        query, key, _ = layer.self_attn.project(layer.input_layernorm(hidden), cos, sin, rotate=False)
+        rotated_query, _, _ = layer.self_attn.project(layer.input_layernorm(hidden), cos, sin)
+    assert len(rotating.received) == model.config.num_hidden_layers
+    assert torch.equal(rotating.received[0][0], query) and torch.equal(rotating.received[0][1], key)
+    assert not torch.allclose(query[1:], rotated_query[1:])  # position 0 is the identity rotation
+    assert (logits - expected).abs().max().item() <= 1e-6
 
 
 def _gradients(model: CausalLM, input_ids: torch.Tensor, positions: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -14,7 +14,8 @@
 torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
                            torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor new_key,
                            torch::Tensor new_value, torch::Tensor write_slots, std::optional<torch::Tensor> row_order,
-                           int64_t warps, int64_t stages) {
+                           std::optional<torch::Tensor> cos, std::optional<torch::Tensor> sin, int64_t warps,
+                           int64_t stages) {
     const int64_t num_sequences = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
     const int64_t block_size = key_cache.size(1), num_kv_heads = key_cache.size(2);
     TORCH_CHECK(query.scalar_type() == torch::kBFloat16 && key_cache.scalar_type() == torch::kBFloat16 &&
@@ -44,6 +45,17 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::
             TORCH_CHECK(tensor->stride(axis) % 8 == 0, "paged_decode (CUDA): strides multiples of 8 elements");
     }
     TORCH_CHECK(reinterpret_cast<uintptr_t>(value_cache.data_ptr()) % 16 == 0, "paged_decode (CUDA): aligned cache");
+    TORCH_CHECK(cos.has_value() == sin.has_value(), "paged_decode (CUDA): cos and sin together or neither");
+    if (cos.has_value()) {
+        TORCH_CHECK(cos->scalar_type() == torch::kBFloat16 && sin->scalar_type() == torch::kBFloat16 &&
+                        cos->dim() == 2 && cos->size(0) == num_sequences && cos->size(1) == head_dim &&
+                        sin->sizes() == cos->sizes() && sin->strides() == cos->strides(),
+                    "paged_decode (CUDA): cos and sin bf16 (sequences, head dimension), alike");
+        for (const torch::Tensor* tensor : {&*cos, &*sin})
+            TORCH_CHECK(tensor->stride(1) == 1 && tensor->stride(0) % 8 == 0 &&
+                            reinterpret_cast<uintptr_t>(tensor->data_ptr()) % 16 == 0,
+                        "paged_decode (CUDA): cos/sin rows contiguous, 16-byte aligned");
+    }
     auto output = torch::empty({num_sequences, num_heads, head_dim}, query.options());
     auto bf16 = [](const torch::Tensor& tensor) { return reinterpret_cast<__nv_bfloat16*>(tensor.data_ptr()); };
     asyncrl_decode::DecodeParams params{};
@@ -57,6 +69,9 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::
     params.new_value_stride_sequence = new_value.stride(0);
     params.new_value_stride_head = new_value.stride(1);
     params.write_slots = write_slots.data_ptr<int64_t>();
+    params.cos = cos.has_value() ? bf16(*cos) : nullptr;
+    params.sin = sin.has_value() ? bf16(*sin) : nullptr;
+    params.rotary_stride = cos.has_value() ? cos->stride(0) : 0;
     params.key_cache = bf16(key_cache);
     params.value_cache = bf16(value_cache);
     params.stride_block = key_cache.stride(0);

@@ -35,6 +35,12 @@ struct DecodeParams {
     const __nv_bfloat16* new_value;
     int64_t new_value_stride_sequence, new_value_stride_head;
     const int64_t* write_slots;  // (sequences,) block * block_size + offset of each context's last position
+    // RoPE's cos/sin (sequences, D) of each sequence's new position, or nullptr: with them, query and new_key
+    // arrive before RoPE and the kernel rotates both (out[d] = x[d] cos[d] + rotate_half(x)[d] sin[d], in fp32,
+    // rounded once to bf16, as the compiled rotary does), which saves the step a rotary kernel per layer.
+    const __nv_bfloat16* cos;
+    const __nv_bfloat16* sin;
+    int64_t rotary_stride;
     __nv_bfloat16* key_cache;
     __nv_bfloat16* value_cache;
     int64_t stride_block, stride_token, stride_head;
@@ -70,6 +76,27 @@ __device__ __forceinline__ float fast_exp2(float x) {
 __device__ __forceinline__ uint32_t pack_bf16(float low, float high) {
     __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
     return *reinterpret_cast<uint32_t*>(&pair);
+}
+
+__device__ __forceinline__ float2 unpack_bf16(uint32_t word) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&word));
+}
+
+// RoPE of two dimensions (one 32-bit word) given their partners D/2 away: x cos - partner sin in the first half
+// of the head, x cos + partner sin in the second.
+__device__ __forceinline__ uint32_t rotate_words(uint32_t x, uint32_t partner, uint32_t cosines, uint32_t sines,
+                                                 bool first_half) {
+    const float2 value = unpack_bf16(x), other = unpack_bf16(partner), c = unpack_bf16(cosines),
+                 s = unpack_bf16(sines);
+    const float sign = first_half ? -1.0f : 1.0f;
+    return pack_bf16(value.x * c.x + sign * other.x * s.x, value.y * c.y + sign * other.y * s.y);
+}
+
+__device__ __forceinline__ uint4 rotate_chunk(uint4 x, uint4 partner, uint4 cosines, uint4 sines, bool first_half) {
+    return make_uint4(rotate_words(x.x, partner.x, cosines.x, sines.x, first_half),
+                      rotate_words(x.y, partner.y, cosines.y, sines.y, first_half),
+                      rotate_words(x.z, partner.z, cosines.z, sines.z, first_half),
+                      rotate_words(x.w, partner.w, cosines.w, sines.w, first_half));
 }
 
 // A tile in shared memory: 16 rows (positions) of D bf16 each, keys then values, each row's 16-byte chunks
@@ -209,7 +236,8 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
     const int length = p.context_lens[sequence];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, quad = lane % 4;
 
-    // The new key/value of (sequence, kv head) into its slot, D/8 16-byte vectors each.
+    // The new key/value of (sequence, kv head) into its slot, D/8 16-byte vectors each; the key rotated first
+    // when the launch carries cos/sin (each thread reads its chunk's RoPE partner, D/2 dimensions away).
     if (threadIdx.x < D / 4) {
         const bool is_key = threadIdx.x < D / 8;
         const int chunk = threadIdx.x % (D / 8);
@@ -219,8 +247,16 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
         const __nv_bfloat16* source =
             is_key ? p.new_key + sequence * p.new_key_stride_sequence + kv_head * p.new_key_stride_head
                    : p.new_value + sequence * p.new_value_stride_sequence + kv_head * p.new_value_stride_head;
-        *reinterpret_cast<uint4*>((is_key ? p.key_cache : p.value_cache) + offset) =
-            reinterpret_cast<const uint4*>(source)[chunk];
+        uint4 vector = reinterpret_cast<const uint4*>(source)[chunk];
+        if (is_key && p.cos != nullptr) {
+            constexpr int kHalf = D / 16;  // chunks per half of the head
+            const bool first_half = chunk < kHalf;
+            const uint4 partner = reinterpret_cast<const uint4*>(source)[first_half ? chunk + kHalf : chunk - kHalf];
+            const uint4 cosines = reinterpret_cast<const uint4*>(p.cos + sequence * p.rotary_stride)[chunk];
+            const uint4 sines = reinterpret_cast<const uint4*>(p.sin + sequence * p.rotary_stride)[chunk];
+            vector = rotate_chunk(vector, partner, cosines, sines, first_half);
+        }
+        *reinterpret_cast<uint4*>((is_key ? p.key_cache : p.value_cache) + offset) = vector;
     }
 
     // This lane's words of query head `group` as mma's A fragment (zero for the padding rows): k-step s takes
@@ -234,6 +270,19 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
         for (int step = 0; step < D / 16; ++step) {
             query_words[2 * step] = real_head ? row[8 * step + quad] : 0u;
             query_words[2 * step + 1] = real_head ? row[8 * step + 4 + quad] : 0u;
+        }
+        if (p.cos != nullptr) {
+            // Word i of the first half (dimensions d, d + 1 < D/2) and word i + D/16 of the second half
+            // (d + D/2, d + 1 + D/2) are RoPE partners, and this lane holds both.
+            const uint32_t* cosines = reinterpret_cast<const uint32_t*>(p.cos + sequence * p.rotary_stride);
+            const uint32_t* sines = reinterpret_cast<const uint32_t*>(p.sin + sequence * p.rotary_stride);
+#pragma unroll
+            for (int i = 0; i < D / 16; ++i) {
+                const int word = 8 * (i / 2) + 4 * (i % 2) + quad;  // index in the row of query_words[i]
+                const uint32_t low = query_words[i], high = query_words[i + D / 16];
+                query_words[i] = rotate_words(low, high, cosines[word], sines[word], true);
+                query_words[i + D / 16] = rotate_words(high, low, cosines[word + D / 4], sines[word + D / 4], false);
+            }
         }
     }
     __syncthreads();  // the new key/value are in the cache before any warp reads their tile
