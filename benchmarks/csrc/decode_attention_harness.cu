@@ -79,6 +79,10 @@ struct Case {
     std::vector<__nv_bfloat16*> key_caches, value_caches;  // one per layer
     int *tables_device = nullptr, *lengths_device = nullptr, *order_device = nullptr;
     int64_t* slots_device = nullptr;
+    // RoPE's cos and sin (sequences, D) each, back to back; `rotate` hands them to the kernel, which then rotates
+    // the query and the new key itself (the engine's CUDA decode path).
+    __nv_bfloat16* rotary = nullptr;
+    bool rotate = false;
 
     int64_t cache_elements() const { return static_cast<int64_t>(num_blocks) * kBlockSize * kKvHeads * shape.head_dim; }
 
@@ -117,6 +121,11 @@ struct Case {
         p.num_kv_heads = kKvHeads;
         p.group_size = shape.heads / kKvHeads;
         p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(d)));
+        if (rotate) {
+            p.cos = rotary;
+            p.sin = rotary + static_cast<int64_t>(sequences) * d;
+            p.rotary_stride = d;
+        }
         return p;
     }
 };
@@ -369,7 +378,16 @@ int main(int argc, char** argv) {
     const std::vector<int> warps = parse_list(argc > 3 ? argv[3] : "4");
     const std::vector<int> stages = parse_list(argc > 4 ? argv[4] : "3");
     const int layers = mode == "once" ? 1 : 24;
-    const Case c = make_case(shape_of(head_dim), timed_lengths(1), layers, 1);
+    Case c = make_case(shape_of(head_dim), timed_lengths(1), layers, 1);
+    // "time 64 4 3 rotary": the same launches with RoPE folded into the kernel (cos/sin random, the cost is the same).
+    const bool rotate = argc > 5 && std::string(argv[5]) == "rotary";
+    if (rotate) {
+        const int64_t count = 2 * static_cast<int64_t>(c.sequences) * head_dim;
+        CHECK_CUDA(cudaMalloc(&c.rotary, count * sizeof(__nv_bfloat16)));
+        fill_random<<<64, 256>>>(c.rotary, count, 99);
+        CHECK_CUDA(cudaGetLastError());
+        c.rotate = true;
+    }
     for (int w : warps)
         for (int s : stages) {
             if (mode == "once") {
@@ -379,8 +397,8 @@ int main(int argc, char** argv) {
                 continue;
             }
             const double microseconds = time_launches(c, w, s, layers, 50);
-            std::printf("time head_dim %d warps %d stages %d: %6.1f us per layer, %5.2f TB/s of KV\n", head_dim, w, s,
-                        microseconds, c.kv_bytes / microseconds / 1e6);
+            std::printf("time head_dim %d warps %d stages %d%s: %6.1f us per layer, %5.2f TB/s of KV\n", head_dim, w,
+                        s, rotate ? " rotary" : "", microseconds, c.kv_bytes / microseconds / 1e6);
         }
     return 0;
 }
