@@ -271,19 +271,6 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
             query_words[2 * step] = real_head ? row[8 * step + quad] : 0u;
             query_words[2 * step + 1] = real_head ? row[8 * step + 4 + quad] : 0u;
         }
-        if (p.cos != nullptr) {
-            // Word i of the first half (dimensions d, d + 1 < D/2) and word i + D/16 of the second half
-            // (d + D/2, d + 1 + D/2) are RoPE partners, and this lane holds both.
-            const uint32_t* cosines = reinterpret_cast<const uint32_t*>(p.cos + sequence * p.rotary_stride);
-            const uint32_t* sines = reinterpret_cast<const uint32_t*>(p.sin + sequence * p.rotary_stride);
-#pragma unroll
-            for (int i = 0; i < D / 16; ++i) {
-                const int word = 8 * (i / 2) + 4 * (i % 2) + quad;  // index in the row of query_words[i]
-                const uint32_t low = query_words[i], high = query_words[i + D / 16];
-                query_words[i] = rotate_words(low, high, cosines[word], sines[word], true);
-                query_words[i + D / 16] = rotate_words(high, low, cosines[word + D / 4], sines[word + D / 4], false);
-            }
-        }
     }
     __syncthreads();  // the new key/value are in the cache before any warp reads their tile
 
@@ -303,6 +290,21 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
         if (tile_index < num_tiles)
             issue_tile<D>(stage_of(stage), p, block_of(tile_index), kv_head, tile_index * kTile, length, lane);
         commit_copies();
+    }
+    if (p.cos != nullptr) {
+        // The query's RoPE, here rather than with its loads: the first tiles' copies are in flight meanwhile,
+        // so the cos/sin loads add no latency ahead of them. Word i of the first half (dimensions d, d + 1 <
+        // D/2) and word i + D/16 of the second half (d + D/2, d + 1 + D/2) are RoPE partners, and this lane
+        // holds both. The padding rows (zeros) stay zero.
+        const uint32_t* cosines = reinterpret_cast<const uint32_t*>(p.cos + sequence * p.rotary_stride);
+        const uint32_t* sines = reinterpret_cast<const uint32_t*>(p.sin + sequence * p.rotary_stride);
+#pragma unroll
+        for (int i = 0; i < D / 16; ++i) {
+            const int word = 8 * (i / 2) + 4 * (i % 2) + quad;  // index in the row of query_words[i]
+            const uint32_t low = query_words[i], high = query_words[i + D / 16];
+            query_words[i] = rotate_words(low, high, cosines[word], sines[word], true);
+            query_words[i + D / 16] = rotate_words(high, low, cosines[word + D / 4], sines[word + D / 4], false);
+        }
     }
     int pending_block = block_of(warp + S * W);
     SoftmaxState<D> state;
