@@ -1,0 +1,399 @@
+// A prototype split-K GEMM for the decode step's few-row products, checked and timed without torch, to answer
+// whether kernels of our own could beat cuBLAS on them before any is wired into the engine (docs/benchmarks.md,
+// thirteenth round: cuBLAS's best configurations are within 1-2 us of `F.linear`, and the gap to the roofline
+// is these products' fixed cost).
+//
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -o .devbuild/g benchmarks/csrc/decode_gemm_harness.cu
+//   .devbuild/g check     # every configuration against an fp32 reference on the device, fresh random inputs
+//   .devbuild/g time      # us per product over 24 distinct weights in one CUDA graph, per configuration/split
+//
+// The kernel computes fp32 partial products P[s] = X[:, K_s] W[:, K_s]^T for split s of K, X (M x K) and W (N x K)
+// bf16 row-major (an nn.Linear weight), M <= the tile's rows. The partials are meant to be summed by the product's
+// consumer (the attention kernel for q/k/v, the residual add + norm for o and down), so the reduction costs no
+// kernel of its own; `time` also reports the products with a separate reduce kernel, the honest cost until then.
+// Compare with cuBLAS measured the same way (benchmarks/cublaslt_algos.py): q/k/v 4.8 us, o 4.65, gate/up 10.5,
+// down 10.2 (split-K and its reduce) at 256 rows on an H200.
+//
+// Status: written and compiled (sm_90, no spills) without a GPU; not yet run.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#define CHECK_CUDA(call)                                                                                   \
+    do {                                                                                                   \
+        const cudaError_t status_ = (call);                                                                \
+        if (status_ != cudaSuccess) {                                                                      \
+            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(status_)); \
+            std::exit(1);                                                                                  \
+        }                                                                                                  \
+    } while (0)
+
+namespace {
+
+constexpr int kChunk = 64;        // K elements per pipeline stage: one 128-byte line per row
+constexpr int kRowVectors = 8;    // 16-byte vectors per row of a stage
+constexpr int kLayers = 24;       // distinct weights per graph: weights come from HBM, as in a decode step
+
+__device__ __forceinline__ int swizzled(int row, int vector) { return row * kRowVectors + (vector ^ (row & 7)); }
+
+__device__ __forceinline__ void copy_async(uint4* destination, const void* source, bool fill) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(destination));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(source), "r"(fill ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory"); }
+
+__device__ __forceinline__ void load_matrices(uint32_t (&words)[4], const uint4* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
+                 : "r"(address)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+struct GemmParams {
+    const __nv_bfloat16* x;  // (M, K)
+    const __nv_bfloat16* w;  // (N, K)
+    float* partials;         // (splits, M, N)
+    int rows, inner, outputs, splits;
+};
+
+// One CTA: a BM x BN tile of split blockIdx.z. Warps WM x WN, each a (BM / WM) x (BN / WN) tile of m16n8 mma tiles.
+// Stages of kChunk K-elements: X's BM rows then W's BN rows, 16-byte vectors swizzled per row (as the decode
+// attention kernel's ring), read back with ldmatrix.
+template <int BM, int BN, int WM, int WN, int S>
+__global__ void __launch_bounds__(WM * WN * 32) splitk_gemm(const GemmParams p) {
+    constexpr int kThreads = WM * WN * 32;
+    constexpr int kTileM = BM / WM, kTileN = BN / WN;  // a warp's rows and columns
+    constexpr int kFragsM = kTileM / 16, kFragsN = kTileN / 8;
+    static_assert(kTileM % 16 == 0 && kTileN % 16 == 0, "warp tiles of whole m16 x n16 pieces");
+    constexpr int kStageVectors = (BM + BN) * kRowVectors;
+    static_assert(kStageVectors % kThreads == 0, "every thread issues the same number of copies");
+    extern __shared__ uint4 stages[];  // [S][BM + BN][8]
+
+    const int tile_n = blockIdx.x * BN, tile_m = blockIdx.y * BM, split = blockIdx.z;
+    const int total_chunks = p.inner / kChunk;
+    const int first_chunk = split * total_chunks / p.splits;
+    const int num_chunks = (split + 1) * total_chunks / p.splits - first_chunk;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp_m = warp / WN, warp_n = warp % WN;
+
+    auto issue = [&](int stage, int chunk) {
+        uint4* base = stages + stage * kStageVectors;
+        const int64_t k0 = static_cast<int64_t>(first_chunk + chunk) * kChunk;
+#pragma unroll
+        for (int i = 0; i < kStageVectors / kThreads; ++i) {
+            const int index = threadIdx.x + i * kThreads;
+            const int row = index / kRowVectors, vector = index % kRowVectors;
+            if (row < BM) {  // X rows past M are zero-filled (their address stays a valid one: row 0)
+                const int m = tile_m + row;
+                const bool real = m < p.rows;
+                copy_async(base + swizzled(row, vector), p.x + (real ? m : 0) * static_cast<int64_t>(p.inner) + k0 + vector * 8,
+                           real);
+            } else {
+                const int n = tile_n + row - BM;
+                copy_async(base + swizzled(row, vector), p.w + n * static_cast<int64_t>(p.inner) + k0 + vector * 8, true);
+            }
+        }
+    };
+
+    float accumulators[kFragsM][kFragsN][4] = {};
+#pragma unroll
+    for (int stage = 0; stage < S - 1; ++stage) {
+        if (stage < num_chunks) issue(stage, stage);
+        commit_copies();
+    }
+    const int matrix = lane / 8, matrix_row = lane % 8;
+    for (int chunk = 0; chunk < num_chunks; ++chunk) {
+        wait_copies<S - 2>();
+        __syncthreads();  // chunk's stage is here for every thread; the stage refilled below was read by all
+        if (chunk + S - 1 < num_chunks) issue((chunk + S - 1) % S, chunk + S - 1);
+        commit_copies();
+        const uint4* x_tile = stages + (chunk % S) * kStageVectors;
+        const uint4* w_tile = x_tile + BM * kRowVectors;
+#pragma unroll
+        for (int step = 0; step < kChunk / 16; ++step) {
+            // A (m16 x k16): matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) = a0..a3.
+            uint32_t a[kFragsM][4];
+#pragma unroll
+            for (int i = 0; i < kFragsM; ++i) {
+                const int row = warp_m * kTileM + 16 * i + 8 * (matrix % 2) + matrix_row;
+                load_matrices(a[i], x_tile + swizzled(row, 2 * step + matrix / 2));
+            }
+            // B (k16 x n8, W's rows are its columns): matrices (n 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7),
+            // (8-15, 8-15): b0, b1 of n-tile 2j, then of 2j + 1.
+#pragma unroll
+            for (int j = 0; j < kFragsN / 2; ++j) {
+                uint32_t b[4];
+                const int row = warp_n * kTileN + 16 * j + 8 * (matrix / 2) + matrix_row;
+                load_matrices(b, w_tile + swizzled(row, 2 * step + matrix % 2));
+#pragma unroll
+                for (int i = 0; i < kFragsM; ++i) {
+                    mma_bf16(accumulators[i][2 * j], a[i], b[0], b[1]);
+                    mma_bf16(accumulators[i][2 * j + 1], a[i], b[2], b[3]);
+                }
+            }
+        }
+    }
+    wait_copies<0>();
+
+    // C fragment: rows group and group + 8, columns 2 quad, 2 quad + 1 of each m16n8 tile.
+    const int group = lane / 4, quad = lane % 4;
+    float* out = p.partials + static_cast<int64_t>(split) * p.rows * p.outputs;
+#pragma unroll
+    for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+        for (int j = 0; j < kFragsN; ++j)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int m = tile_m + warp_m * kTileM + 16 * i + group + 8 * half;
+                const int n = tile_n + warp_n * kTileN + 8 * j + 2 * quad;
+                if (m < p.rows)
+                    *reinterpret_cast<float2*>(out + static_cast<int64_t>(m) * p.outputs + n) =
+                        make_float2(accumulators[i][j][2 * half], accumulators[i][j][2 * half + 1]);
+            }
+}
+
+// The partials summed in split order and rounded to bf16: the cost of a reduction that has no consumer to go into.
+__global__ void reduce_partials(const float* partials, __nv_bfloat16* out, int64_t count, int splits) {
+    for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < count;
+         index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        float sum = 0.0f;
+        for (int s = 0; s < splits; ++s) sum += partials[s * count + index];
+        out[index] = __float2bfloat16(sum);
+    }
+}
+
+__global__ void reference_gemm(const __nv_bfloat16* x, const __nv_bfloat16* w, float* out, int rows, int inner,
+                               int outputs) {
+    const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (index >= static_cast<int64_t>(rows) * outputs) return;
+    const int m = static_cast<int>(index / outputs), n = static_cast<int>(index % outputs);
+    float sum = 0.0f;
+    for (int k = 0; k < inner; ++k)
+        sum += __bfloat162float(x[static_cast<int64_t>(m) * inner + k]) * __bfloat162float(w[static_cast<int64_t>(n) * inner + k]);
+    out[index] = sum;
+}
+
+__global__ void fill_random(__nv_bfloat16* data, int64_t count, uint64_t seed, float scale) {
+    for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < count;
+         index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        uint64_t z = seed + static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull;  // splitmix64
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const float a = static_cast<float>(z & 0xFFFFFF) / 16777216.0f, b = static_cast<float>((z >> 24) & 0xFFFFFF) / 16777216.0f;
+        data[index] = __float2bfloat16((a + b - 1.0f) * scale);
+    }
+}
+
+struct Config {
+    const char* name;
+    int bm, bn;
+    cudaError_t (*launch)(const GemmParams&, cudaStream_t);
+};
+
+template <int BM, int BN, int WM, int WN, int S>
+cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
+    constexpr int kBytes = S * (BM + BN) * kRowVectors * 16;
+    static const cudaError_t prepared =
+        cudaFuncSetAttribute(splitk_gemm<BM, BN, WM, WN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+    if (prepared != cudaSuccess) return prepared;
+    if (p.outputs % BN != 0 || p.inner % kChunk != 0 || p.splits > p.inner / kChunk) return cudaErrorInvalidValue;
+    const dim3 grid(p.outputs / BN, (p.rows + BM - 1) / BM, p.splits);
+    splitk_gemm<BM, BN, WM, WN, S><<<grid, WM * WN * 32, kBytes, stream>>>(p);
+    return cudaGetLastError();
+}
+
+const Config kConfigs[] = {
+    {"256x64 w4x2 s3", 256, 64, launch<256, 64, 4, 2, 3>},
+    {"256x64 w4x2 s4", 256, 64, launch<256, 64, 4, 2, 4>},
+    {"128x64 w2x2 s4", 128, 64, launch<128, 64, 2, 2, 4>},
+    {"256x128 w4x2 s3", 256, 128, launch<256, 128, 4, 2, 3>},
+    {"128x128 w2x4 s3", 128, 128, launch<128, 128, 2, 4, 3>},
+};
+
+struct Shape {
+    const char* name;
+    int inner, outputs;
+};
+// Qwen2.5-0.5B's decode products (q/k/v and gate/up fused, as the engine runs them).
+const Shape kShapes[] = {{"qkv", 896, 1152}, {"o", 896, 896}, {"gate_up", 896, 9728}, {"down", 4864, 896}};
+
+template <typename T>
+T* allocate(int64_t count) {
+    T* device = nullptr;
+    CHECK_CUDA(cudaMalloc(&device, count * sizeof(T)));
+    return device;
+}
+
+std::vector<float> download(const float* device, int64_t count) {
+    std::vector<float> host(count);
+    CHECK_CUDA(cudaMemcpy(host.data(), device, count * sizeof(float), cudaMemcpyDeviceToHost));
+    return host;
+}
+
+// Every configuration and a few split counts on fresh random inputs against the fp32 reference: the partials'
+// sum must match to fp32 rounding (1e-4 relative) (the products of bf16 inputs are exact in fp32), and every element is written
+// (the partials are poisoned with NaN first).
+bool check() {
+    bool passed = true;
+    uint64_t seed = 1;
+    for (const Shape& shape : kShapes)
+        for (int rows : {256, 200, 1}) {
+            const int64_t x_count = static_cast<int64_t>(rows) * shape.inner, w_count = static_cast<int64_t>(shape.outputs) * shape.inner;
+            const int64_t out_count = static_cast<int64_t>(rows) * shape.outputs;
+            auto* x = allocate<__nv_bfloat16>(x_count);
+            auto* w = allocate<__nv_bfloat16>(w_count);
+            auto* reference = allocate<float>(out_count);
+            const int max_splits = 8;
+            auto* partials = allocate<float>(max_splits * out_count);
+            fill_random<<<256, 256>>>(x, x_count, seed++, 2.0f);
+            fill_random<<<256, 256>>>(w, w_count, seed++, 0.05f);
+            reference_gemm<<<(out_count + 255) / 256, 256>>>(x, w, reference, rows, shape.inner, shape.outputs);
+            CHECK_CUDA(cudaGetLastError());
+            const std::vector<float> expected = download(reference, out_count);
+            for (const Config& config : kConfigs)
+                for (int splits : {1, 3, 7}) {
+                    CHECK_CUDA(cudaMemset(partials, 0xFF, max_splits * out_count * sizeof(float)));  // NaN
+                    const GemmParams params{x, w, partials, rows, shape.inner, shape.outputs, splits};
+                    CHECK_CUDA(config.launch(params, nullptr));
+                    CHECK_CUDA(cudaDeviceSynchronize());
+                    const std::vector<float> got = download(partials, splits * out_count);
+                    double error = 0.0, norm = 0.0;
+                    bool finite = true;
+                    for (int64_t i = 0; i < out_count; ++i) {
+                        double sum = 0.0;
+                        for (int s = 0; s < splits; ++s) sum += got[s * out_count + i];
+                        finite &= std::isfinite(sum);
+                        error += (sum - expected[i]) * (sum - expected[i]);
+                        norm += static_cast<double>(expected[i]) * expected[i];
+                    }
+                    const double relative = std::sqrt(error / norm);
+                    const bool ok = finite && relative < 1e-4;  // tensor cores' fp32 sums, in another order
+                    passed &= ok;
+                    std::printf("check %-8s rows %3d %-16s splits %d: relative error %.2e%s\n", shape.name, rows,
+                                config.name, splits, relative, ok ? "" : (finite ? "  FAILED" : "  FAILED (unwritten)"));
+                }
+            CHECK_CUDA(cudaFree(x));
+            CHECK_CUDA(cudaFree(w));
+            CHECK_CUDA(cudaFree(reference));
+            CHECK_CUDA(cudaFree(partials));
+        }
+    std::printf(passed ? "check passed\n" : "check FAILED\n");
+    return passed;
+}
+
+// Median us per product of kLayers launches (distinct weights) replayed from one CUDA graph, with or without a
+// reduce kernel after each.
+double time_config(const Config& config, const Shape& shape, int rows, int splits, bool reduce, __nv_bfloat16* x,
+                   const std::vector<__nv_bfloat16*>& weights, float* partials, __nv_bfloat16* out) {
+    cudaStream_t stream;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const int64_t out_count = static_cast<int64_t>(rows) * shape.outputs;
+    for (__nv_bfloat16* w : weights) {  // outside the capture: sets the kernel's shared-memory attribute
+        const GemmParams params{x, w, partials, rows, shape.inner, shape.outputs, splits};
+        if (config.launch(params, stream) != cudaSuccess) {
+            CHECK_CUDA(cudaStreamDestroy(stream));
+            return -1.0;
+        }
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    for (__nv_bfloat16* w : weights) {
+        const GemmParams params{x, w, partials, rows, shape.inner, shape.outputs, splits};
+        CHECK_CUDA(config.launch(params, stream));
+        if (reduce) reduce_partials<<<264, 256, 0, stream>>>(partials, out, out_count, splits);
+    }
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 3; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    cudaEvent_t start, stop;
+    CHECK_CUDA(cudaEventCreate(&start));
+    CHECK_CUDA(cudaEventCreate(&stop));
+    std::vector<float> samples;
+    for (int r = 0; r < 30; ++r) {
+        CHECK_CUDA(cudaEventRecord(start, stream));
+        CHECK_CUDA(cudaGraphLaunch(exec, stream));
+        CHECK_CUDA(cudaEventRecord(stop, stream));
+        CHECK_CUDA(cudaEventSynchronize(stop));
+        float milliseconds = 0.0f;
+        CHECK_CUDA(cudaEventElapsedTime(&milliseconds, start, stop));
+        samples.push_back(milliseconds);
+    }
+    std::sort(samples.begin(), samples.end());
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    CHECK_CUDA(cudaEventDestroy(start));
+    CHECK_CUDA(cudaEventDestroy(stop));
+    CHECK_CUDA(cudaStreamDestroy(stream));
+    return samples[samples.size() / 2] * 1e3 / kLayers;
+}
+
+void time_all(int rows) {
+    for (const Shape& shape : kShapes) {
+        auto* x = allocate<__nv_bfloat16>(static_cast<int64_t>(rows) * shape.inner);
+        fill_random<<<256, 256>>>(x, static_cast<int64_t>(rows) * shape.inner, 11, 2.0f);
+        std::vector<__nv_bfloat16*> weights;
+        for (int layer = 0; layer < kLayers; ++layer) {
+            weights.push_back(allocate<__nv_bfloat16>(static_cast<int64_t>(shape.outputs) * shape.inner));
+            fill_random<<<256, 256>>>(weights.back(), static_cast<int64_t>(shape.outputs) * shape.inner, 100 + layer, 0.05f);
+        }
+        const int max_splits = 18;
+        auto* partials = allocate<float>(max_splits * static_cast<int64_t>(rows) * shape.outputs);
+        auto* out = allocate<__nv_bfloat16>(static_cast<int64_t>(rows) * shape.outputs);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        const double floor_us = std::max(2.0 * shape.inner * shape.outputs / 4.3e12,
+                                         2.0 * rows * shape.inner * shape.outputs / 790e12) * 1e6;
+        std::printf("%s (M %d, K %d, N %d; floor %.1f us at 4.3 TB/s and 790 TFLOP/s)\n", shape.name, rows,
+                    shape.inner, shape.outputs, floor_us);
+        for (const Config& config : kConfigs) {
+            const int tiles = (shape.outputs / config.bn) * ((rows + config.bm - 1) / config.bm);
+            for (int splits : {1, 2, 3, 4, 6, 7, 9, 14, 18}) {
+                if (splits > shape.inner / kChunk || tiles * splits > 4 * 132) continue;
+                const double alone = time_config(config, shape, rows, splits, false, x, weights, partials, out);
+                const double reduced = time_config(config, shape, rows, splits, true, x, weights, partials, out);
+                if (alone < 0) continue;
+                std::printf("  %-16s splits %2d (%3d CTAs): %6.2f us, %6.2f us with a reduce kernel\n", config.name,
+                            splits, tiles * splits, alone, reduced);
+            }
+        }
+        CHECK_CUDA(cudaFree(x));
+        for (auto* w : weights) CHECK_CUDA(cudaFree(w));
+        CHECK_CUDA(cudaFree(partials));
+        CHECK_CUDA(cudaFree(out));
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const std::string mode = argc > 1 ? argv[1] : "check";
+    if (mode == "check") return check() ? 0 : 1;
+    if (mode == "time") {
+        time_all(argc > 2 ? std::atoi(argv[2]) : 256);
+        return 0;
+    }
+    std::fprintf(stderr, "usage: %s check | time [rows]\n", argv[0]);
+    return 2;
+}
