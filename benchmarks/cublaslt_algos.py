@@ -19,8 +19,7 @@ import torch.nn.functional as F
 
 from asyncrl.bench.graph_timing import graph_replay_ms
 from asyncrl.bench.models import qwen2_config
-
-NUM_LAYERS = 24
+from decode_gemms import NUM_LAYERS, layer_shapes  # benchmarks/, on the path when run as a script
 COMPUTE_32F, R_32F, R_16BF = 68, 0, 14  # cublasComputeType_t, cudaDataType_t
 DESC_TRANSA, DESC_TRANSB = 3, 4  # cublasLtMatmulDescAttributes_t
 OP_N, OP_T = 0, 1
@@ -163,12 +162,9 @@ class LtProduct:
                                       stream), "Matmul")
 
 
-def layer_shapes(model: str) -> list[tuple[str, int, int]]:
+def shapes_with_lm_head(model: str) -> list[tuple[str, int, int]]:
     config = qwen2_config(model)
-    q_out, kv_out = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
-    return [("qkv", config.hidden_size, q_out + 2 * kv_out), ("o", q_out, config.hidden_size),
-            ("gate_up", config.hidden_size, 2 * config.intermediate_size),
-            ("down", config.intermediate_size, config.hidden_size), ("lm_head", config.hidden_size, config.vocab_size)]
+    return layer_shapes(model) + [("lm_head", config.hidden_size, config.vocab_size)]
 
 
 def time_shape(lib: ctypes.CDLL, rows: int, inner: int, outputs: int, count: int, show: int,
@@ -221,7 +217,7 @@ def main() -> None:
     for model in options.models:
         for rows in options.rows:
             totals = [0.0, 0.0]
-            for name, inner, outputs in layer_shapes(model):
+            for name, inner, outputs in shapes_with_lm_head(model):
                 print(f"{model} {name} M={rows} K={inner} N={outputs}")
                 baseline, best = time_shape(lib, rows, inner, outputs, options.count, options.show,
                                             0 if name == "lm_head" else options.search)

@@ -222,15 +222,11 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
     context first keeps a mixed batch's longest programs from starting last (measured on an H200 at 256
     sequences with contexts 640-1536: 52 -> 43 us per layer).
 
-    `rotary` (cos, sin), each (S, D): the query and new key arrive before RoPE. This kernel does not rotate;
-    they are rotated here by torch first (the CUDA kernel, which the engine folds RoPE into, hands the calls it
-    does not cover to this one).
+    `rotary` (cos, sin), each (S, D): the query and new key arrive before RoPE; `_rotated` rotates them first.
 
     `max_registers` caps the registers per thread (ptx .maxnreg), for sweeps only: on an H200 every cap from
     48 to 128 measured slower than the compiler's choice (0.5B: 43.5-55.5 us against 41.0 us per layer)."""
-    if rotary is not None:
-        query = apply_rotary(query, *rotary)
-        new_key = None if new_key is None else apply_rotary(new_key, *rotary)
+    query, new_key = _rotated(query, new_key, rotary)
     _check_decode_layouts(query, key_cache, new_key, new_value, write_slots)
     write_new = new_key is not None
     num_sequences, num_heads, head_dim = query.shape
@@ -261,9 +257,26 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
         **({} if max_registers is None else {"maxnreg": max_registers}),
     )
     if num_splits > 1:
-        _merge_splits_kernel[(num_sequences, num_heads)](
-            output, partial_output, partial_max, partial_sum, output.stride(0), output.stride(1),
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, HEAD_PAD=head_pad, NUM_SPLITS=num_splits,
-            SPLIT_PAD=triton.next_power_of_2(num_splits),
-        )
+        _merge_splits(output, partial_output, partial_max, partial_sum, num_splits)
     return output
+
+
+def _rotated(query: Tensor, new_key: Tensor | None,
+             rotary: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor | None]:
+    """The query and new key after RoPE by torch, for a call that hands RoPE to the kernel (`rotary` not None).
+    This kernel does not rotate; the CUDA kernel, which the engine folds RoPE into, hands it the calls it does
+    not cover."""
+    if rotary is None:
+        return query, new_key
+    return apply_rotary(query, *rotary), None if new_key is None else apply_rotary(new_key, *rotary)
+
+
+def _merge_splits(output: Tensor, partial_output: Tensor, partial_max: Tensor, partial_sum: Tensor,
+                  num_splits: int) -> None:
+    """The context splits' partial softmax states merged into `output` (S, Hq, D), in place."""
+    num_sequences, num_heads, head_dim = output.shape
+    _merge_splits_kernel[(num_sequences, num_heads)](
+        output, partial_output, partial_max, partial_sum, output.stride(0), output.stride(1),
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, HEAD_PAD=partial_output.shape[-1], NUM_SPLITS=num_splits,
+        SPLIT_PAD=triton.next_power_of_2(num_splits),
+    )

@@ -24,18 +24,11 @@
 #include <string>
 #include <vector>
 
+#include "harness_timing.cuh"
 #include "paged_decode_kernel.cuh"
 
 using asyncrl_decode::DecodeParams;
 
-#define CHECK_CUDA(call)                                                                                   \
-    do {                                                                                                   \
-        const cudaError_t status_ = (call);                                                                \
-        if (status_ != cudaSuccess) {                                                                      \
-            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(status_)); \
-            std::exit(1);                                                                                  \
-        }                                                                                                  \
-    } while (0)
 
 namespace {
 
@@ -279,38 +272,16 @@ std::vector<int> timed_lengths(uint64_t seed) {
     return lengths;
 }
 
-// Mean microseconds per launch: `layers` launches (one per layer's cache) in one graph, replayed.
+// Median microseconds per launch: `layers` launches (one per layer's cache) in one graph, replayed.
 double time_launches(const Case& c, int warps, int stages, int layers, int replays) {
-    cudaStream_t stream;
-    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    for (int layer = 0; layer < layers; ++layer)  // warm-up, outside the capture
-        CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(layer), c.shape.head_dim, warps, stages, stream));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    for (int layer = 0; layer < layers; ++layer)
-        CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(layer), c.shape.head_dim, warps, stages, stream));
-    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    for (int i = 0; i < 3; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    cudaEvent_t start, stop;
-    CHECK_CUDA(cudaEventCreate(&start));
-    CHECK_CUDA(cudaEventCreate(&stop));
-    std::vector<float> samples;
-    for (int r = 0; r < replays; ++r) {
-        CHECK_CUDA(cudaEventRecord(start, stream));
-        CHECK_CUDA(cudaGraphLaunch(exec, stream));
-        CHECK_CUDA(cudaEventRecord(stop, stream));
-        CHECK_CUDA(cudaEventSynchronize(stop));
-        float milliseconds = 0.0f;
-        CHECK_CUDA(cudaEventElapsedTime(&milliseconds, start, stop));
-        samples.push_back(milliseconds);
-    }
-    std::sort(samples.begin(), samples.end());
-    CHECK_CUDA(cudaGraphExecDestroy(exec));
-    CHECK_CUDA(cudaGraphDestroy(graph));
-    CHECK_CUDA(cudaStreamDestroy(stream));
-    return samples[samples.size() / 2] * 1e3 / layers;
+    const double milliseconds = graph_median_ms(
+        [&](cudaStream_t stream) {
+            for (int layer = 0; layer < layers; ++layer)
+                CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(layer), c.shape.head_dim, warps, stages,
+                                                               stream));
+        },
+        replays);
+    return milliseconds * 1e3 / layers;
 }
 
 std::vector<int> parse_list(const char* text) {

@@ -3,7 +3,8 @@
 // thirteenth round: cuBLAS's best configurations are within 1-2 us of `F.linear`, and the gap to the roofline
 // is these products' fixed cost).
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -o .devbuild/g benchmarks/csrc/decode_gemm_harness.cu
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -I asyncrl/engine/csrc -o .devbuild/g \
+//        benchmarks/csrc/decode_gemm_harness.cu
 //   .devbuild/g check     # every configuration against an fp32 reference on the device, fresh random inputs
 //   .devbuild/g time      # us per product over 24 distinct weights in one CUDA graph, per configuration/split
 //
@@ -27,14 +28,14 @@
 #include <string>
 #include <vector>
 
-#define CHECK_CUDA(call)                                                                                   \
-    do {                                                                                                   \
-        const cudaError_t status_ = (call);                                                                \
-        if (status_ != cudaSuccess) {                                                                      \
-            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(status_)); \
-            std::exit(1);                                                                                  \
-        }                                                                                                  \
-    } while (0)
+#include "harness_timing.cuh"
+#include "paged_decode_kernel.cuh"  // cp.async, ldmatrix and the 16-byte-vector swizzle of the decode kernel
+
+using asyncrl_decode::commit_copies;
+using asyncrl_decode::copy_async;
+using asyncrl_decode::load_matrices;
+using asyncrl_decode::wait_copies;
+
 
 namespace {
 
@@ -42,23 +43,8 @@ constexpr int kChunk = 64;        // K elements per pipeline stage: one 128-byte
 constexpr int kRowVectors = 8;    // 16-byte vectors per row of a stage
 constexpr int kLayers = 24;       // distinct weights per graph: weights come from HBM, as in a decode step
 
-__device__ __forceinline__ int swizzled(int row, int vector) { return row * kRowVectors + (vector ^ (row & 7)); }
-
-__device__ __forceinline__ void copy_async(uint4* destination, const void* source, bool fill) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(destination));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(source), "r"(fill ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int Pending>
-__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory"); }
-
-__device__ __forceinline__ void load_matrices(uint32_t (&words)[4], const uint4* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
-                 : "r"(address)
-                 : "memory");
+__device__ __forceinline__ int swizzled(int row, int vector) {
+    return asyncrl_decode::swizzled(row, vector, kRowVectors);
 }
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -136,7 +122,7 @@ __global__ void __launch_bounds__(WM * WN * 32) splitk_gemm(const GemmParams p) 
 #pragma unroll
             for (int i = 0; i < kFragsM; ++i) {
                 const int row = warp_m * kTileM + 16 * i + 8 * (matrix % 2) + matrix_row;
-                load_matrices(a[i], x_tile + swizzled(row, 2 * step + matrix / 2));
+                load_matrices<false>(a[i], x_tile + swizzled(row, 2 * step + matrix / 2));
             }
             // B (k16 x n8, W's rows are its columns): matrices (n 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7),
             // (8-15, 8-15): b0, b1 of n-tile 2j, then of 2j + 1.
@@ -144,7 +130,7 @@ __global__ void __launch_bounds__(WM * WN * 32) splitk_gemm(const GemmParams p) 
             for (int j = 0; j < kFragsN / 2; ++j) {
                 uint32_t b[4];
                 const int row = warp_n * kTileN + 16 * j + 8 * (matrix / 2) + matrix_row;
-                load_matrices(b, w_tile + swizzled(row, 2 * step + matrix % 2));
+                load_matrices<false>(b, w_tile + swizzled(row, 2 * step + matrix % 2));
 #pragma unroll
                 for (int i = 0; i < kFragsM; ++i) {
                     mma_bf16(accumulators[i][2 * j], a[i], b[0], b[1]);
@@ -306,48 +292,20 @@ bool check() {
 // reduce kernel after each.
 double time_config(const Config& config, const Shape& shape, int rows, int splits, bool reduce, __nv_bfloat16* x,
                    const std::vector<__nv_bfloat16*>& weights, float* partials, __nv_bfloat16* out) {
-    cudaStream_t stream;
-    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const GemmParams probe{x, weights[0], partials, rows, shape.inner, shape.outputs, splits};
+    if (config.launch(probe, nullptr) != cudaSuccess) return -1.0;  // a configuration that does not fit the shape
+    CHECK_CUDA(cudaDeviceSynchronize());
     const int64_t out_count = static_cast<int64_t>(rows) * shape.outputs;
-    for (__nv_bfloat16* w : weights) {  // outside the capture: sets the kernel's shared-memory attribute
-        const GemmParams params{x, w, partials, rows, shape.inner, shape.outputs, splits};
-        if (config.launch(params, stream) != cudaSuccess) {
-            CHECK_CUDA(cudaStreamDestroy(stream));
-            return -1.0;
-        }
-    }
-    CHECK_CUDA(cudaStreamSynchronize(stream));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    for (__nv_bfloat16* w : weights) {
-        const GemmParams params{x, w, partials, rows, shape.inner, shape.outputs, splits};
-        CHECK_CUDA(config.launch(params, stream));
-        if (reduce) reduce_partials<<<264, 256, 0, stream>>>(partials, out, out_count, splits);
-    }
-    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    for (int i = 0; i < 3; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    cudaEvent_t start, stop;
-    CHECK_CUDA(cudaEventCreate(&start));
-    CHECK_CUDA(cudaEventCreate(&stop));
-    std::vector<float> samples;
-    for (int r = 0; r < 30; ++r) {
-        CHECK_CUDA(cudaEventRecord(start, stream));
-        CHECK_CUDA(cudaGraphLaunch(exec, stream));
-        CHECK_CUDA(cudaEventRecord(stop, stream));
-        CHECK_CUDA(cudaEventSynchronize(stop));
-        float milliseconds = 0.0f;
-        CHECK_CUDA(cudaEventElapsedTime(&milliseconds, start, stop));
-        samples.push_back(milliseconds);
-    }
-    std::sort(samples.begin(), samples.end());
-    CHECK_CUDA(cudaGraphExecDestroy(exec));
-    CHECK_CUDA(cudaGraphDestroy(graph));
-    CHECK_CUDA(cudaEventDestroy(start));
-    CHECK_CUDA(cudaEventDestroy(stop));
-    CHECK_CUDA(cudaStreamDestroy(stream));
-    return samples[samples.size() / 2] * 1e3 / kLayers;
+    const double milliseconds = graph_median_ms(
+        [&](cudaStream_t stream) {
+            for (__nv_bfloat16* w : weights) {
+                const GemmParams params{x, w, partials, rows, shape.inner, shape.outputs, splits};
+                CHECK_CUDA(config.launch(params, stream));
+                if (reduce) reduce_partials<<<264, 256, 0, stream>>>(partials, out, out_count, splits);
+            }
+        },
+        30);
+    return milliseconds * 1e3 / kLayers;
 }
 
 void time_all(int rows) {
