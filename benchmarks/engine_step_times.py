@@ -1,0 +1,108 @@
+"""Where the bench's decode steps spend their time, step by step: the host's pace against the GPU's work.
+
+    python benchmarks/engine_step_times.py [--model qwen2.5-0.5b] [--output-dir DIR]
+
+Runs `asyncrl bench engine`'s default workload (256 requests, prompts 128-1024, 1024 new tokens, the same engine
+config) and records every decode step's wall time and attended positions. In a few windows of the decode phase it
+also profiles 10 steps for their GPU busy time and the decode-attention kernel's time per layer. The question it
+answers: the bench's mean decode step is longer than `benchmarks/profile_engine.py`'s at the same mean context;
+is that host time the GPU waits through, or GPU work that grows with the contexts of late steps?
+Writes `step_times.json` and `step_times.png` to `--output-dir`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from asyncrl.bench.engine import make_workload, warm_up_requests
+from asyncrl.bench.models import qwen2_config, random_model
+from asyncrl.core.lengths import LengthDistribution
+from asyncrl.engine import EngineConfig, LLMEngine
+from asyncrl.engine.kv_cache import bytes_per_block
+from asyncrl.models import iter_named_tensors
+from asyncrl.telemetry.plots import new_figure, save_figure
+
+PROFILED_STEPS = 10
+DATASHEET_BANDWIDTH = 4.8e12
+
+
+def profiled_window(engine: LLMEngine, num_layers: int) -> dict:
+    """GPU busy ms per step and attention-kernel us per layer over PROFILED_STEPS decode steps."""
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        for _ in range(PROFILED_STEPS):
+            engine.step()
+        torch.cuda.synchronize()
+    events = profiler.key_averages()
+    busy = sum(event.self_device_time_total for event in events) / 1e3 / PROFILED_STEPS
+    attention = sum(event.self_device_time_total for event in events if "paged_decode" in event.key)
+    return {"gpu_busy_ms": busy, "attention_us_per_layer": attention / PROFILED_STEPS / num_layers}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="qwen2.5-0.5b")
+    parser.add_argument("--windows", type=int, nargs="*", default=[100, 500, 900],
+                        help="decode steps after which 10 steps are profiled")
+    parser.add_argument("--output-dir", type=Path, default=Path("."))
+    options = parser.parse_args()
+    model = random_model(qwen2_config(options.model), torch.bfloat16, "cuda")
+    requests = make_workload(256, LengthDistribution.parse("128:1024"), LengthDistribution.parse("1024"),
+                             model.config.vocab_size, seed=0)
+    engine = LLMEngine(model, EngineConfig(device="cuda", dtype=torch.bfloat16, max_num_seqs=256,
+                                           max_num_batched_tokens=8192, gpu_memory_utilization=0.8))
+    engine.warm_up()
+    engine.generate(warm_up_requests(requests, engine.config.max_num_batched_tokens))
+    for item in requests:
+        engine.add_request(item)
+    weight_bytes = sum(tensor.numel() * tensor.element_size() for _, tensor in iter_named_tensors(model))
+    kv_bytes = bytes_per_block(model.config, 1, torch.bfloat16)
+    num_layers = model.config.num_hidden_layers
+    walls, contexts, windows = [], [], []
+    windows_left = sorted(options.windows)
+    torch.cuda.synchronize()
+    while engine.has_unfinished():
+        if windows_left and len(walls) == windows_left[0]:
+            windows_left.pop(0)
+            recent = walls[-PROFILED_STEPS:]
+            windows.append({"after_step": len(walls), "wall_ms_before": 1e3 * float(np.mean(recent)),
+                            "context_per_sequence": contexts[-1] / 256, **profiled_window(engine, num_layers)})
+            print(windows[-1], flush=True)
+            continue
+        start = time.perf_counter()
+        engine.step()
+        wall = time.perf_counter() - start
+        summary = engine.last_step
+        if summary is not None and not summary.is_prefill:
+            walls.append(wall)
+            contexts.append(summary.num_context_tokens)
+    walls_ms, contexts = 1e3 * np.array(walls), np.array(contexts)
+    roofline_ms = 1e3 * (weight_bytes + contexts * kv_bytes) / DATASHEET_BANDWIDTH
+    tenths = np.array_split(np.arange(len(walls_ms)), 10)
+    print("decode steps | mean context | wall ms (median, mean, p99) | roofline fraction of the mean")
+    for part in tenths:
+        print(f"{part[0]:4d}-{part[-1]:4d} | {contexts[part].mean() / 256:7.0f} | {np.median(walls_ms[part]):.3f} "
+              f"{walls_ms[part].mean():.3f} {np.percentile(walls_ms[part], 99):.3f} | "
+              f"{roofline_ms[part].sum() / walls_ms[part].sum():.4f}")
+    print(f"all {len(walls_ms)} decode steps: mean {walls_ms.mean():.3f} ms, median {np.median(walls_ms):.3f} ms, "
+          f"fraction {roofline_ms.sum() / walls_ms.sum():.4f} (profiled windows excluded)")
+    options.output_dir.mkdir(parents=True, exist_ok=True)
+    (options.output_dir / "step_times.json").write_text(json.dumps(
+        {"wall_ms": walls_ms.tolist(), "context_tokens": contexts.tolist(), "roofline_ms": roofline_ms.tolist(),
+         "windows": windows}))
+    figure, (axis,) = new_figure()
+    axis.plot(walls_ms, linewidth=0.6, label="decode step wall (ms)")
+    axis.plot(2 * roofline_ms, linewidth=1.0, label="twice the datasheet roofline (the 50% target)")
+    axis.set_xlabel("decode step")
+    axis.set_ylabel("ms")
+    axis.legend()
+    save_figure(figure, options.output_dir / "step_times.png")
+
+if __name__ == "__main__":
+    main()
