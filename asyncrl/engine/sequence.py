@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import itertools
+from array import array
 
 import numpy as np
 
@@ -35,6 +36,11 @@ class Sequence:
     `token_ids` holds prompt then response. After a prefill or decode step the KV of every token but the
     last is in the cache; the last token is the input of the next decode step. `block_table` lists the
     physical KV blocks holding positions [i * block_size, (i + 1) * block_size).
+
+    Tokens, log-probs and versions are typed arrays (int32, float32, int32: the result's dtypes), not lists:
+    appending costs about the same, and `to_result` copies their buffers instead of converting Python
+    numbers one by one. For 256 requests of ~1,600 tokens finishing in one step that conversion took ~60 ms,
+    a stall of the whole engine.
     """
 
     def __init__(self, sequence_id: int, request: GenerationRequest) -> None:
@@ -46,9 +52,9 @@ class Sequence:
         # Both read by `stop_reason` after every sampled token: precomputed, not rebuilt from params each time.
         self.stop_token_ids = frozenset(request.params.stop_token_ids)
         self.max_num_tokens = self.num_prompt_tokens + request.params.max_new_tokens
-        self.token_ids: list[int] = request.prompt_ids.tolist() + request.response_ids.tolist()
-        self.response_log_probs: list[float] = request.response_log_probs.tolist()
-        self.response_versions: list[int] = request.response_versions.tolist()
+        self.token_ids = array("i", request.prompt_ids.tobytes() + request.response_ids.tobytes())
+        self.response_log_probs = array("f", request.response_log_probs.tobytes())
+        self.response_versions = array("i", request.response_versions.tobytes())
         self._block_ids: list[int] = []
         self._block_array = np.zeros(0, dtype=np.int32)
         self.block_table_version = 0
@@ -117,11 +123,14 @@ class Sequence:
         self.finish_reason = reason
 
     def to_result(self) -> GenerationResult:
+        # Copies, so that the result owns its memory and the arrays stay resizable (a live numpy view of an
+        # array's buffer forbids appending to it).
+        token_ids = np.frombuffer(self.token_ids, dtype=np.int32)
         return GenerationResult(
             request_id=self.request_id,
-            prompt_ids=np.asarray(self.token_ids[:self.num_prompt_tokens], dtype=np.int32),
-            response_ids=np.asarray(self.token_ids[self.num_prompt_tokens:], dtype=np.int32),
-            response_log_probs=np.asarray(self.response_log_probs, dtype=np.float32),
-            response_versions=np.asarray(self.response_versions, dtype=np.int32),
+            prompt_ids=token_ids[:self.num_prompt_tokens].copy(),
+            response_ids=token_ids[self.num_prompt_tokens:].copy(),
+            response_log_probs=np.frombuffer(self.response_log_probs, dtype=np.float32).copy(),
+            response_versions=np.frombuffer(self.response_versions, dtype=np.int32).copy(),
             finish_reason=self.finish_reason if self.finish_reason is not None else "abort",
         )

@@ -93,7 +93,7 @@ def test_schedule_ahead_takes_the_next_blocks_and_leaves_out_length_finishers():
     assert scheduler.postprocess(decode, [1, 6, 6], [-1.0] * 3, 0) == [sequences[0], sequences[2]]
     assert [sequence.finish_reason for sequence in sequences] == ["stop", None, "length"]
     assert scheduler.postprocess(ahead, [1, 7], [-2.0] * 2, 0) == []
-    assert sequences[0].token_ids[-2:] == [5, 1] and sequences[1].token_ids[-3:] == [5, 6, 7]
+    assert list(sequences[0].token_ids[-2:]) == [5, 1] and list(sequences[1].token_ids[-3:]) == [5, 6, 7]
     assert scheduler.block_manager.num_free_blocks == 3 + 2  # the finished ones' blocks
 
 
