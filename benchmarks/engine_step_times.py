@@ -7,7 +7,10 @@ config) and records every decode step's wall time and attended positions. In a f
 also profiles 10 steps for their GPU busy time and the decode-attention kernel's time per layer. The question it
 answers: the bench's mean decode step is longer than `benchmarks/profile_engine.py`'s at the same mean context;
 is that host time the GPU waits through, or GPU work that grows with the contexts of late steps?
-Writes `step_times.json` and `step_times.png` to `--output-dir`.
+It also fits the step's wall time as fixed + marginal x mean context (over the deciles' medians): the marginal
+term is the KV bandwidth attention reaches, the fixed term what every step costs however short its contexts
+(weights, kernel launches and tails, the sampler), and from both the mean context at which the steps would reach
+50% of the datasheet roofline. Writes `step_times.json` and `step_times.png` to `--output-dir`.
 """
 
 from __future__ import annotations
@@ -92,6 +95,13 @@ def main() -> None:
               f"{roofline_ms[part].sum() / walls_ms[part].sum():.4f}")
     print(f"all {len(walls_ms)} decode steps: mean {walls_ms.mean():.3f} ms, median {np.median(walls_ms):.3f} ms, "
           f"fraction {roofline_ms.sum() / walls_ms.sum():.4f} (profiled windows excluded)")
+    mean_contexts = np.array([contexts[part].mean() / 256 for part in tenths])
+    slope, fixed = np.polyfit(mean_contexts, [np.median(walls_ms[part]) for part in tenths], 1)
+    weight_ms, kv_ms = 1e3 * weight_bytes / DATASHEET_BANDWIDTH, 1e3 * 256 * kv_bytes / DATASHEET_BANDWIDTH
+    half_context = (fixed - 2 * weight_ms) / (2 * kv_ms - slope) if 2 * kv_ms > slope else float("inf")
+    print(f"step = {fixed:.3f} ms fixed + {1e3 * slope:.3f} us per position of mean context (KV at "
+          f"{256 * kv_bytes / (slope * 1e-3) / 1e12:.2f} TB/s); the roofline's fixed part (weights) is "
+          f"{weight_ms:.3f} ms; 50% of the roofline from a mean context of {half_context:.0f}")
     options.output_dir.mkdir(parents=True, exist_ok=True)
     (options.output_dir / "step_times.json").write_text(json.dumps(
         {"wall_ms": walls_ms.tolist(), "context_tokens": contexts.tolist(), "roofline_ms": roofline_ms.tolist(),
