@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from asyncrl.bench.engine import make_workload, warm_up_requests
+from asyncrl.bench.engine import H200_BANDWIDTH, make_workload, warm_up_requests
 from asyncrl.bench.models import qwen2_config, random_model
 from asyncrl.core.lengths import LengthDistribution
 from asyncrl.engine import EngineConfig, LLMEngine
@@ -33,7 +33,7 @@ from asyncrl.models import iter_named_tensors
 from asyncrl.telemetry.plots import new_figure, save_figure
 
 PROFILED_STEPS = 10
-DATASHEET_BANDWIDTH = 4.8e12
+NUM_REQUESTS = 256  # the bench's default workload, all decoding together
 
 
 def profiled_window(engine: LLMEngine, num_layers: int) -> dict:
@@ -48,35 +48,19 @@ def profiled_window(engine: LLMEngine, num_layers: int) -> dict:
     return {"gpu_busy_ms": busy, "attention_us_per_layer": attention / PROFILED_STEPS / num_layers}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="qwen2.5-0.5b")
-    parser.add_argument("--windows", type=int, nargs="*", default=[100, 500, 900],
-                        help="decode steps after which 10 steps are profiled")
-    parser.add_argument("--output-dir", type=Path, default=Path("."))
-    options = parser.parse_args()
-    model = random_model(qwen2_config(options.model), torch.bfloat16, "cuda")
-    requests = make_workload(256, LengthDistribution.parse("128:1024"), LengthDistribution.parse("1024"),
-                             model.config.vocab_size, seed=0)
-    engine = LLMEngine(model, EngineConfig(device="cuda", dtype=torch.bfloat16, max_num_seqs=256,
-                                           max_num_batched_tokens=8192, gpu_memory_utilization=0.8))
-    engine.warm_up()
-    engine.generate(warm_up_requests(requests, engine.config.max_num_batched_tokens))
-    for item in requests:
-        engine.add_request(item)
-    weight_bytes = sum(tensor.numel() * tensor.element_size() for _, tensor in iter_named_tensors(model))
-    kv_bytes = bytes_per_block(model.config, 1, torch.bfloat16)
-    num_layers = model.config.num_hidden_layers
-    walls, contexts, windows = [], [], []
-    windows_left = sorted(options.windows)
+def record_decode_steps(engine: LLMEngine, windows: list[int], num_layers: int) -> tuple[np.ndarray, np.ndarray, list]:
+    """Runs the engine to the end: each decode step's wall ms and attended positions, and the profiled windows
+    (taken after the given numbers of decode steps; their steps are left out of the record)."""
+    walls, contexts, profiled = [], [], []
+    windows_left = sorted(windows)
     torch.cuda.synchronize()
     while engine.has_unfinished():
         if windows_left and len(walls) == windows_left[0]:
             windows_left.pop(0)
-            recent = walls[-PROFILED_STEPS:]
-            windows.append({"after_step": len(walls), "wall_ms_before": 1e3 * float(np.mean(recent)),
-                            "context_per_sequence": contexts[-1] / 256, **profiled_window(engine, num_layers)})
-            print(windows[-1], flush=True)
+            profiled.append({"after_step": len(walls), "wall_ms_before": 1e3 * float(np.mean(walls[-PROFILED_STEPS:])),
+                             "context_per_sequence": contexts[-1] / NUM_REQUESTS,
+                             **profiled_window(engine, num_layers)})
+            print(profiled[-1], flush=True)
             continue
         start = time.perf_counter()
         engine.step()
@@ -85,34 +69,70 @@ def main() -> None:
         if summary is not None and not summary.is_prefill:
             walls.append(wall)
             contexts.append(summary.num_context_tokens)
-    walls_ms, contexts = 1e3 * np.array(walls), np.array(contexts)
-    roofline_ms = 1e3 * (weight_bytes + contexts * kv_bytes) / DATASHEET_BANDWIDTH
+    return 1e3 * np.array(walls), np.array(contexts), profiled
+
+
+def print_tenths_and_fit(walls_ms: np.ndarray, contexts: np.ndarray, roofline_ms: np.ndarray, weight_ms: float,
+                         kv_ms_per_position: float) -> None:
+    """Per tenth of the decode phase: mean context, wall ms and roofline fraction; then the fixed + marginal fit
+    over the tenths' medians and the mean context at which the steps reach 50% of the roofline."""
     tenths = np.array_split(np.arange(len(walls_ms)), 10)
     print("decode steps | mean context | wall ms (median, mean, p99) | roofline fraction of the mean")
     for part in tenths:
-        print(f"{part[0]:4d}-{part[-1]:4d} | {contexts[part].mean() / 256:7.0f} | {np.median(walls_ms[part]):.3f} "
-              f"{walls_ms[part].mean():.3f} {np.percentile(walls_ms[part], 99):.3f} | "
+        print(f"{part[0]:4d}-{part[-1]:4d} | {contexts[part].mean() / NUM_REQUESTS:7.0f} | "
+              f"{np.median(walls_ms[part]):.3f} {walls_ms[part].mean():.3f} {np.percentile(walls_ms[part], 99):.3f} | "
               f"{roofline_ms[part].sum() / walls_ms[part].sum():.4f}")
     print(f"all {len(walls_ms)} decode steps: mean {walls_ms.mean():.3f} ms, median {np.median(walls_ms):.3f} ms, "
           f"fraction {roofline_ms.sum() / walls_ms.sum():.4f} (profiled windows excluded)")
-    mean_contexts = np.array([contexts[part].mean() / 256 for part in tenths])
+    mean_contexts = np.array([contexts[part].mean() / NUM_REQUESTS for part in tenths])
     slope, fixed = np.polyfit(mean_contexts, [np.median(walls_ms[part]) for part in tenths], 1)
-    weight_ms, kv_ms = 1e3 * weight_bytes / DATASHEET_BANDWIDTH, 1e3 * 256 * kv_bytes / DATASHEET_BANDWIDTH
-    half_context = (fixed - 2 * weight_ms) / (2 * kv_ms - slope) if 2 * kv_ms > slope else float("inf")
+    if 2 * kv_ms_per_position > slope:
+        half_context = (fixed - 2 * weight_ms) / (2 * kv_ms_per_position - slope)
+    else:
+        half_context = float("inf")
     print(f"step = {fixed:.3f} ms fixed + {1e3 * slope:.3f} us per position of mean context (KV at "
-          f"{256 * kv_bytes / (slope * 1e-3) / 1e12:.2f} TB/s); the roofline's fixed part (weights) is "
-          f"{weight_ms:.3f} ms; 50% of the roofline from a mean context of {half_context:.0f}")
-    options.output_dir.mkdir(parents=True, exist_ok=True)
-    (options.output_dir / "step_times.json").write_text(json.dumps(
-        {"wall_ms": walls_ms.tolist(), "context_tokens": contexts.tolist(), "roofline_ms": roofline_ms.tolist(),
-         "windows": windows}))
+          f"{kv_ms_per_position / slope * H200_BANDWIDTH / 1e12:.2f} TB/s); the roofline's fixed part (weights) "
+          f"is {weight_ms:.3f} ms; 50% of the roofline from a mean context of {half_context:.0f}")
+
+
+def plot_steps(walls_ms: np.ndarray, roofline_ms: np.ndarray, path: Path) -> None:
     figure, (axis,) = new_figure()
     axis.plot(walls_ms, linewidth=0.6, label="decode step wall (ms)")
     axis.plot(2 * roofline_ms, linewidth=1.0, label="twice the datasheet roofline (the 50% target)")
     axis.set_xlabel("decode step")
     axis.set_ylabel("ms")
     axis.legend()
-    save_figure(figure, options.output_dir / "step_times.png")
+    save_figure(figure, path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="qwen2.5-0.5b")
+    parser.add_argument("--windows", type=int, nargs="*", default=[100, 500, 900],
+                        help="decode steps after which 10 steps are profiled")
+    parser.add_argument("--output-dir", type=Path, default=Path("."))
+    options = parser.parse_args()
+    model = random_model(qwen2_config(options.model), torch.bfloat16, "cuda")
+    requests = make_workload(NUM_REQUESTS, LengthDistribution.parse("128:1024"), LengthDistribution.parse("1024"),
+                             model.config.vocab_size, seed=0)
+    engine = LLMEngine(model, EngineConfig(device="cuda", dtype=torch.bfloat16, max_num_seqs=NUM_REQUESTS,
+                                           max_num_batched_tokens=8192, gpu_memory_utilization=0.8))
+    engine.warm_up()
+    engine.generate(warm_up_requests(requests, engine.config.max_num_batched_tokens))
+    for item in requests:
+        engine.add_request(item)
+    walls_ms, contexts, windows = record_decode_steps(engine, options.windows, model.config.num_hidden_layers)
+    weight_bytes = sum(tensor.numel() * tensor.element_size() for _, tensor in iter_named_tensors(model))
+    kv_bytes = bytes_per_block(model.config, 1, torch.bfloat16)
+    roofline_ms = 1e3 * (weight_bytes + contexts * kv_bytes) / H200_BANDWIDTH
+    print_tenths_and_fit(walls_ms, contexts, roofline_ms, 1e3 * weight_bytes / H200_BANDWIDTH,
+                         1e3 * NUM_REQUESTS * kv_bytes / H200_BANDWIDTH)
+    options.output_dir.mkdir(parents=True, exist_ok=True)
+    (options.output_dir / "step_times.json").write_text(json.dumps(
+        {"wall_ms": walls_ms.tolist(), "context_tokens": contexts.tolist(), "roofline_ms": roofline_ms.tolist(),
+         "windows": windows}))
+    plot_steps(walls_ms, roofline_ms, options.output_dir / "step_times.png")
+
 
 if __name__ == "__main__":
     main()

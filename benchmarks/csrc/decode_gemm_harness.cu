@@ -156,24 +156,28 @@ __global__ void __launch_bounds__(WM * WN * 32, kMinBlocks) splitk_gemm(const Ge
     }
     wait_copies<0>();
 
-    // C fragment: rows group and group + 8, columns 2 quad, 2 quad + 1 of each m16n8 tile.
+    // Each lane's accumulator pairs with their row and column in the CTA's tile: rows group and group + 8,
+    // columns 2 quad and 2 quad + 1 of each m16n8 tile.
     const int group = lane / 4, quad = lane % 4;
+    auto for_each_pair = [&](auto&& store) {
+#pragma unroll
+        for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+            for (int j = 0; j < kFragsN; ++j)
+#pragma unroll
+                for (int half = 0; half < 2; ++half)
+                    store(warp_m * kTileM + 16 * i + group + 8 * half, warp_n * kTileN + 8 * j + 2 * quad,
+                          make_float2(accumulators[i][j][2 * half], accumulators[i][j][2 * half + 1]));
+    };
     if constexpr (kInCluster) {
         namespace cg = cooperative_groups;
         cg::cluster_group cluster = cg::this_cluster();
         constexpr int kStride = BN + kTilePad;
         float* tile = reinterpret_cast<float*>(stages);
         __syncthreads();  // every warp has read its last stage: the ring becomes the fp32 tile
-#pragma unroll
-        for (int i = 0; i < kFragsM; ++i)
-#pragma unroll
-            for (int j = 0; j < kFragsN; ++j)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int row = warp_m * kTileM + 16 * i + group + 8 * half, column = warp_n * kTileN + 8 * j + 2 * quad;
-                    *reinterpret_cast<float2*>(tile + row * kStride + column) =
-                        make_float2(accumulators[i][j][2 * half], accumulators[i][j][2 * half + 1]);
-                }
+        for_each_pair([&](int row, int column, float2 pair) {
+            *reinterpret_cast<float2*>(tile + row * kStride + column) = pair;
+        });
         cluster.sync();  // every split's tile is written and visible to the cluster
         const int rank = static_cast<int>(cluster.block_rank()), size = static_cast<int>(cluster.num_blocks());
         constexpr int kVectors = BM * BN / 4;  // float4s of a tile
@@ -194,18 +198,10 @@ __global__ void __launch_bounds__(WM * WN * 32, kMinBlocks) splitk_gemm(const Ge
         cluster.sync();  // no CTA leaves while another still reads its shared memory
     } else {
         float* out = p.partials + static_cast<int64_t>(split) * p.rows * p.outputs;
-#pragma unroll
-        for (int i = 0; i < kFragsM; ++i)
-#pragma unroll
-            for (int j = 0; j < kFragsN; ++j)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int m = tile_m + warp_m * kTileM + 16 * i + group + 8 * half;
-                    const int n = tile_n + warp_n * kTileN + 8 * j + 2 * quad;
-                    if (m < p.rows)
-                        *reinterpret_cast<float2*>(out + static_cast<int64_t>(m) * p.outputs + n) =
-                            make_float2(accumulators[i][j][2 * half], accumulators[i][j][2 * half + 1]);
-                }
+        for_each_pair([&](int row, int column, float2 pair) {
+            const int m = tile_m + row;
+            if (m < p.rows) *reinterpret_cast<float2*>(out + static_cast<int64_t>(m) * p.outputs + tile_n + column) = pair;
+        });
     }
 }
 
