@@ -1,6 +1,6 @@
 """Where the bench's decode steps spend their time, step by step: the host's pace against the GPU's work.
 
-    python benchmarks/engine_step_times.py [--model qwen2.5-0.5b] [--output-dir DIR]
+    python benchmarks/engine_step_times.py [--model qwen2.5-0.5b] [--output-dir DIR] [--windows ...] [--gc off]
 
 Runs `asyncrl bench engine`'s default workload (256 requests, prompts 128-1024, 1024 new tokens, the same engine
 config) and records every decode step's wall time and attended positions. In a few windows of the decode phase it
@@ -10,12 +10,18 @@ is that host time the GPU waits through, or GPU work that grows with the context
 It also fits the step's wall time as fixed + marginal x mean context (over the deciles' medians): the marginal
 term is the KV bandwidth attention reaches, the fixed term what every step costs however short its contexts
 (weights, kernel launches and tails, the sampler), and from both the mean context at which the steps would reach
-50% of the datasheet roofline. Writes `step_times.json` and `step_times.png` to `--output-dir`.
+50% of the datasheet roofline. Last, the steps well above that fit (host stalls, or anything else that is not the
+step's own work). Writes `step_times.json` and `step_times.png` to `--output-dir`.
+
+Answers so far (one H200, docs/benchmarks.md): the fit is ~1.42-1.44 ms + ~0.72-0.74 us per position; without
+profiled windows (`--windows` with no value) the stalls are 0.3-0.7% of the decode time, with the garbage
+collector on or off (fifteenth round).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from pathlib import Path
@@ -95,6 +101,17 @@ def print_tenths_and_fit(walls_ms: np.ndarray, contexts: np.ndarray, roofline_ms
           f"is {weight_ms:.3f} ms; 50% of the roofline from a mean context of {half_context:.0f}")
 
 
+def print_stalls(walls_ms: np.ndarray, contexts: np.ndarray, threshold_ms: float = 0.3) -> None:
+    """Steps more than `threshold_ms` above a straight-line fit of wall time against context: the host stalls
+    (or anything else that is not the step's own work), with their step numbers."""
+    slope, fixed = np.polyfit(contexts, walls_ms, 1)
+    excess = walls_ms - (fixed + slope * contexts)
+    stalled = np.flatnonzero(excess[1:-1] > threshold_ms) + 1  # the first and last steps have reasons of their own
+    print(f"stalls: {len(stalled)} steps over {threshold_ms} ms above the fit, {excess[stalled].sum():.1f} ms in all "
+          f"({excess[stalled].sum() / walls_ms.sum():.2%} of the decode time); steps "
+          + ", ".join(f"{step} (+{excess[step]:.2f})" for step in stalled))
+
+
 def plot_steps(walls_ms: np.ndarray, roofline_ms: np.ndarray, path: Path) -> None:
     figure, (axis,) = new_figure()
     axis.plot(walls_ms, linewidth=0.6, label="decode step wall (ms)")
@@ -111,6 +128,9 @@ def main() -> None:
     parser.add_argument("--windows", type=int, nargs="*", default=[100, 500, 900],
                         help="decode steps after which 10 steps are profiled")
     parser.add_argument("--output-dir", type=Path, default=Path("."))
+    parser.add_argument("--gc", choices=("on", "off"), default="on",
+                        help="off: Python's cyclic garbage collector disabled over the decode phase (do the host "
+                             "stalls go with it?)")
     options = parser.parse_args()
     model = random_model(qwen2_config(options.model), torch.bfloat16, "cuda")
     requests = make_workload(NUM_REQUESTS, LengthDistribution.parse("128:1024"), LengthDistribution.parse("1024"),
@@ -121,7 +141,11 @@ def main() -> None:
     engine.generate(warm_up_requests(requests, engine.config.max_num_batched_tokens))
     for item in requests:
         engine.add_request(item)
+    if options.gc == "off":
+        gc.disable()
     walls_ms, contexts, windows = record_decode_steps(engine, options.windows, model.config.num_hidden_layers)
+    gc.enable()
+    print_stalls(walls_ms, contexts)
     weight_bytes = sum(tensor.numel() * tensor.element_size() for _, tensor in iter_named_tensors(model))
     kv_bytes = bytes_per_block(model.config, 1, torch.bfloat16)
     roofline_ms = 1e3 * (weight_bytes + contexts * kv_bytes) / H200_BANDWIDTH

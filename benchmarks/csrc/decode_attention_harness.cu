@@ -6,6 +6,7 @@
 //        -o .devbuild/decode_attention_harness benchmarks/csrc/decode_attention_harness.cu
 //   .devbuild/decode_attention_harness check            # fp32 reference on the host, both head shapes
 //   .devbuild/decode_attention_harness time 64 4,8 2,3  # head dim, warps, stages: us per layer and TB/s
+//   .devbuild/decode_attention_harness sweep            # 0.5B's launch at three mean contexts: fixed + slope
 //   .devbuild/decode_attention_harness once 64 4 3      # one launch (under ncu or compute-sanitizer)
 //   .devbuild/decode_attention_harness probe            # which SM each CTA of the 0.5B grid runs on
 //
@@ -204,8 +205,10 @@ bool check(Shape shape, int warps, int stages) {
     const uint16_t nan_bits = 0x7FC0;
     __nv_bfloat16 nan_value;
     std::memcpy(&nan_value, &nan_bits, 2);
+    // NaN too in each context's last slot, where the kernel stores the new key/value: reading that slot back
+    // from the cache instead of using the new row would show.
     for (int s = 0; s < c.sequences; ++s)
-        for (int position = lengths[s]; position < c.width * kBlockSize; ++position)
+        for (int position = lengths[s] - 1; position < c.width * kBlockSize; ++position)
             for (int e = 0; e < kKvHeads * d; ++e) {
                 const int64_t index = c.slot(s, position) * kKvHeads * d + e;
                 keys[index] = nan_value;
@@ -265,10 +268,11 @@ bool check(Shape shape, int warps, int stages) {
     return passed;
 }
 
-std::vector<int> timed_lengths(uint64_t seed) {
+// 256 contexts uniform in [shortest, shortest + spread]; the default spread is the bench's (prompts 128-1,024).
+std::vector<int> timed_lengths(uint64_t seed, int shortest = 640, int spread = 896) {
     std::vector<int> lengths(256);
     uint64_t state = seed;
-    for (int& length : lengths) length = 640 + static_cast<int>(next_random(state) % (1536 - 640 + 1));
+    for (int& length : lengths) length = shortest + static_cast<int>(next_random(state) % (spread + 1));
     return lengths;
 }
 
@@ -344,6 +348,25 @@ int main(int argc, char** argv) {
             for (auto [warps, stages] : {std::pair{4, 2}, std::pair{4, 3}, std::pair{8, 3}})
                 passed &= check(shape_of(head_dim), warps, stages);
         return passed ? 0 : 1;
+    }
+    if (mode == "sweep") {
+        // The kernel's fixed and per-position cost: 0.5B's engine launch (64 x 4 x 3, RoPE folded in) at three
+        // mean contexts; the slope between them is the streaming rate, the intercept the cost of a launch. Then
+        // equal contexts: one tile each (a launch's start and end alone), and the middle mean without spread.
+        for (auto [shortest, spread] : {std::pair{128, 896}, std::pair{640, 896}, std::pair{1152, 896},
+                                        std::pair{16, 0}, std::pair{1088, 0}}) {
+            Case c = make_case(shape_of(64), timed_lengths(1, shortest, spread), 24, 1);
+            const int64_t count = 2 * static_cast<int64_t>(c.sequences) * 64;
+            CHECK_CUDA(cudaMalloc(&c.rotary, count * sizeof(__nv_bfloat16)));
+            fill_random<<<64, 256>>>(c.rotary, count, 99);
+            CHECK_CUDA(cudaGetLastError());
+            c.rotate = true;
+            const double mean = std::accumulate(c.lengths.begin(), c.lengths.end(), 0.0) / c.sequences;
+            const double microseconds = time_launches(c, 4, 3, 24, 50);
+            std::printf("sweep contexts %4d-%4d, mean %6.1f: %6.2f us per layer, %5.2f TB/s of KV\n", shortest,
+                        shortest + spread, mean, microseconds, c.kv_bytes / microseconds / 1e6);
+        }
+        return 0;
     }
     const int head_dim = argc > 2 ? std::atoi(argv[2]) : 64;
     const std::vector<int> warps = parse_list(argc > 3 ? argv[3] : "4");

@@ -11,6 +11,13 @@
 // dependency), at 1, 132 and 528 CTAs of 128 threads. Each chain also runs as programmatic dependent launches
 // (the next kernel may start as the previous one's CTAs exit and waits in `griddepcontrol.wait`), and with an
 // early `griddepcontrol.launch_dependents` (the next kernel may start at once and waits for this one's end).
+//
+// Then the alternative a persistent kernel per layer would use instead of boundaries: one launch of 132 or 264
+// CTAs (one or two per SM, all resident) running 240 phases. Between phases every CTA either waits for all
+// CTAs to finish the previous phase (a grid barrier: one counter per phase, incremented by each CTA's thread 0
+// and spun on until it reaches the grid size) or only for one other CTA (a flag per CTA and phase: the cost
+// of a point-to-point dependency, as a tile waiting on the tiles it reads). Each phase reads a value another
+// CTA wrote in the previous phase and writes one, so the ordering is real.
 
 #include <cuda_runtime.h>
 
@@ -59,6 +66,71 @@ cudaError_t launch(Mode mode, int blocks, const float* previous, float* next, cu
     return cudaLaunchKernelEx(&config, step<kTouch, false>, previous, next);
 }
 
+// Phase p of CTA b: read what CTA b + 1 wrote in phase p - 1, write its own value plus one; then signal and wait.
+// `counters` (kLaunches of them, zero at launch) count CTAs done with each phase; `flags` (kLaunches x grid)
+// mark one CTA's phase done. Loads and stores of the signals go through the L2 (volatile, fenced).
+template <bool kBarrier>
+__global__ void __launch_bounds__(kThreads) phases(float* values, unsigned* counters, unsigned* flags) {
+    const unsigned grid = gridDim.x;
+    for (int phase = 0; phase < kLaunches; ++phase) {
+        if (threadIdx.x == 0) {
+            // A slot per phase, so that a CTA running ahead never overwrites what a slower one has yet to read.
+            const float before =
+                phase == 0 ? 0.0f : reinterpret_cast<const volatile float*>(values)[(phase - 1) * grid + (blockIdx.x + 1) % grid];
+            values[phase * grid + blockIdx.x] = before + 1.0f;
+            __threadfence();
+            // Spins give up after ~1 s, so a grid that could not all be resident ends with a wrong value, not a hang.
+            const long long deadline = clock64() + 2000000000LL;
+            if (kBarrier) {
+                atomicAdd(counters + phase, 1u);
+                while (*reinterpret_cast<volatile unsigned*>(counters + phase) < grid && clock64() < deadline) {
+                }
+            } else {
+                *reinterpret_cast<volatile unsigned*>(flags + phase * grid + blockIdx.x) = 1u;
+                // The CTA whose value this one reads next phase.
+                const volatile unsigned* awaited = flags + phase * grid + (blockIdx.x + 1) % grid;
+                while (*awaited == 0u && clock64() < deadline) {
+                }
+            }
+            __threadfence();
+        }
+        __syncthreads();
+    }
+}
+
+void time_phases(int blocks) {
+    float* values = nullptr;
+    unsigned *counters = nullptr, *flags = nullptr;
+    CHECK_CUDA(cudaMalloc(&values, static_cast<size_t>(kLaunches) * blocks * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&counters, kLaunches * sizeof(unsigned)));
+    CHECK_CUDA(cudaMalloc(&flags, static_cast<size_t>(kLaunches) * blocks * sizeof(unsigned)));
+    for (const bool barrier : {true, false}) {
+        const double milliseconds = graph_median_ms(
+            [&](cudaStream_t stream) {
+                CHECK_CUDA(cudaMemsetAsync(counters, 0, kLaunches * sizeof(unsigned), stream));
+                CHECK_CUDA(cudaMemsetAsync(flags, 0, static_cast<size_t>(kLaunches) * blocks * sizeof(unsigned), stream));
+                if (barrier)
+                    phases<true><<<blocks, kThreads, 0, stream>>>(values, counters, flags);
+                else
+                    phases<false><<<blocks, kThreads, 0, stream>>>(values, counters, flags);
+                CHECK_CUDA(cudaGetLastError());
+            },
+            50);
+        std::printf("phases %4d CTAs  %-28s %6.3f us per phase (one launch and two memsets per %d phases)\n",
+                    blocks, barrier ? "grid barrier" : "one flag per CTA", milliseconds * 1e3 / kLaunches,
+                    kLaunches);
+        // Every phase adds one along a ring of CTAs, so the last phase's values count the phases.
+        float value = 0.0f;
+        CHECK_CUDA(cudaMemcpy(&value, values + static_cast<size_t>(kLaunches - 1) * blocks, sizeof(float),
+                              cudaMemcpyDeviceToHost));
+        std::printf("phases %4d CTAs  %-28s last value %.0f (%d: every phase saw the one before)\n", blocks,
+                    barrier ? "grid barrier" : "one flag per CTA", value, kLaunches);
+    }
+    CHECK_CUDA(cudaFree(values));
+    CHECK_CUDA(cudaFree(counters));
+    CHECK_CUDA(cudaFree(flags));
+}
+
 }  // namespace
 
 int main() {
@@ -89,5 +161,8 @@ int main() {
     float value = 0.0f;
     CHECK_CUDA(cudaMemcpy(&value, buffers[0], sizeof(float), cudaMemcpyDeviceToHost));
     std::printf("chain value %.0f (nonzero: the dependent chains ran)\n", value);
+    int sm_count = 0;
+    CHECK_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+    for (const int blocks : {sm_count, 2 * sm_count}) time_phases(blocks);
     return 0;
 }
