@@ -5,8 +5,8 @@ built on first use.
     output = kernel(query, key_cache, value_cache, block_tables, context_lens, 1, new_key=..., ...)
 
 Same calling convention and results as `triton_kernels.paged_decode_attention` (the engine's `DecodeKernel`),
-for the cases it covers: bf16, head dimension 64 or 128, at most 8 query heads per KV head, blocks a multiple
-of 16 positions, one context split. Anything else (fp16/fp32, the small batches that split their contexts)
+for the cases it covers: bf16, head dimension 64 or 128, at most 8 query heads per KV head, blocks of a power of
+two positions (at least 16), one context split. Anything else (fp16/fp32, the small batches that split their contexts)
 goes to the Triton kernel, so the engine never needs to know which one ran.
 
 It is built with torch's extension builder (nvcc and ninja, the CUDA toolkit torch was built against) into
@@ -53,7 +53,8 @@ def covers(query: Tensor, key_cache: Tensor, num_splits: int) -> bool:
     num_heads, head_dim = query.shape[1], query.shape[2]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     return (num_splits == 1 and query.dtype == torch.bfloat16 and key_cache.dtype == torch.bfloat16
-            and head_dim in (64, 128) and block_size % TILE == 0 and num_heads // num_kv_heads <= MAX_GROUP
+            and head_dim in (64, 128) and block_size % TILE == 0 and block_size & (block_size - 1) == 0
+            and num_heads // num_kv_heads <= MAX_GROUP
             and query.stride(1) % 8 == 0 and query.stride(0) % 8 == 0)
 
 

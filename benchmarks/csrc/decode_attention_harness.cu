@@ -7,6 +7,7 @@
 //   .devbuild/decode_attention_harness check            # fp32 reference on the host, both head shapes
 //   .devbuild/decode_attention_harness time 64 4,8 2,3  # head dim, warps, stages: us per layer and TB/s
 //   .devbuild/decode_attention_harness sweep            # 0.5B's launch at three mean contexts: fixed + slope
+//   .devbuild/decode_attention_harness floor [once]     # 0.5B's launch at one tile per CTA: a launch's own cost
 //   .devbuild/decode_attention_harness once 64 4 3      # one launch (under ncu or compute-sanitizer)
 //   .devbuild/decode_attention_harness probe            # which SM each CTA of the 0.5B grid runs on
 //
@@ -104,6 +105,7 @@ struct Case {
         p.stride_token = kKvHeads * d;
         p.stride_head = d;
         p.block_size = kBlockSize;
+        p.block_shift = 4;  // log2(kBlockSize)
         p.block_tables = tables_device;
         p.stride_table = width;
         p.context_lens = lengths_device;
@@ -366,6 +368,27 @@ int main(int argc, char** argv) {
             std::printf("sweep contexts %4d-%4d, mean %6.1f: %6.2f us per layer, %5.2f TB/s of KV\n", shortest,
                         shortest + spread, mean, microseconds, c.kv_bytes / microseconds / 1e6);
         }
+        return 0;
+    }
+    if (mode == "floor") {
+        // A launch's own cost: 0.5B's grid with one 16-position tile per CTA (RoPE in the kernel), timed at each
+        // warps x stages (the ring's size changes), or launched once for a profiler ("floor once").
+        const bool once = argc > 2 && std::string(argv[2]) == "once";
+        Case c = make_case(shape_of(64), timed_lengths(1, 16, 0), once ? 1 : 24, 1);
+        const int64_t count = 2 * static_cast<int64_t>(c.sequences) * 64;
+        CHECK_CUDA(cudaMalloc(&c.rotary, count * sizeof(__nv_bfloat16)));
+        fill_random<<<64, 256>>>(c.rotary, count, 99);
+        CHECK_CUDA(cudaGetLastError());
+        c.rotate = true;
+        if (once) {
+            CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(0), 64, 4, 3, nullptr));
+            CHECK_CUDA(cudaDeviceSynchronize());
+            std::printf("floor once: launched\n");
+            return 0;
+        }
+        for (int w : {4, 8})
+            for (int s : {2, 3, 4})
+                std::printf("floor warps %d stages %d: %5.2f us per launch\n", w, s, time_launches(c, w, s, 24, 50));
         return 0;
     }
     const int head_dim = argc > 2 ? std::atoi(argv[2]) : 64;

@@ -147,9 +147,14 @@ def test_cuda_decode_equals_the_triton_kernel_up_to_rounding_and_defers_what_it_
     # NaN past every context: equal_nan, or no two caches would ever compare equal.
     assert all(torch.allclose(ours, theirs, rtol=0, atol=0, equal_nan=True) for ours, theirs in zip(*caches))
     assert (outputs[0].float() - outputs[1].float()).abs().max().item() < 2e-2
-    # Split contexts (small batches) and fp32 go to the Triton kernel, so the engine never sees the difference.
+    # Split contexts (small batches), fp32 and blocks whose size is not a power of two (the kernel maps positions to
+    # blocks by shifts) go to the Triton kernel, so the engine never sees the difference.
     assert not cuda_decode.covers(query, key_cache, 2)
     assert not cuda_decode.covers(query.float(), key_cache.float(), 1)
+    assert not cuda_decode.covers(query, key_cache.new_empty((4, 48, *key_cache.shape[2:])), 1)
+    odd = decode_case(context_lens, 14, 2, 64, 48, seed=8)
+    odd_output = cuda_decode.paged_decode_attention(*odd[:5], 1, new_key=odd[6], new_value=odd[7], write_slots=odd[5])
+    assert (odd_output.float() - fp32_reference(*odd[:5])).abs().max().item() < 2e-2
 
 
 @needs_cuda

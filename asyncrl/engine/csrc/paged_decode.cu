@@ -29,8 +29,9 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::
     // the process on the H200 image (a segmentation fault in libstdc++'s ostream) instead of raising.
     TORCH_CHECK(head_dim == 64 || head_dim == 128,
                 std::string("paged_decode (CUDA): head dimension 64 or 128, got ") + std::to_string(head_dim));
-    TORCH_CHECK(block_size % asyncrl_decode::kTile == 0,
-                std::string("paged_decode (CUDA): block size a multiple of 16, got ") + std::to_string(block_size));
+    TORCH_CHECK(block_size % asyncrl_decode::kTile == 0 && (block_size & (block_size - 1)) == 0,
+                std::string("paged_decode (CUDA): block size a power of two, at least 16, got ") +
+                    std::to_string(block_size));
     const int64_t group_size = num_heads / num_kv_heads;
     TORCH_CHECK(group_size * num_kv_heads == num_heads && group_size <= 8,
                 "paged_decode (CUDA): at most 8 query heads per kv head");
@@ -78,6 +79,7 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::
     params.stride_token = key_cache.stride(1);
     params.stride_head = key_cache.stride(2);
     params.block_size = static_cast<int>(block_size);
+    params.block_shift = __builtin_ctzll(static_cast<unsigned long long>(block_size));
     params.block_tables = block_tables.data_ptr<int>();
     params.stride_table = block_tables.stride(0);
     params.context_lens = context_lens.data_ptr<int>();

@@ -44,7 +44,8 @@ struct DecodeParams {
     __nv_bfloat16* key_cache;
     __nv_bfloat16* value_cache;
     int64_t stride_block, stride_token, stride_head;
-    int block_size;
+    int block_size;   // a power of two, a multiple of 16
+    int block_shift;  // log2(block_size): positions to blocks by shifts, not integer division
     const int* block_tables;  // (sequences, width)
     int64_t stride_table;
     const int* context_lens;  // (sequences,) including the new token
@@ -144,7 +145,7 @@ __device__ __forceinline__ void issue_tile(uint4* stage, const DecodeParams& p, 
     constexpr int kRowsPerCopy = 32 / kChunks<D>;
     const int chunk = lane % kChunks<D>, first_row = lane / kChunks<D>;
     const int64_t base = static_cast<int64_t>(block) * p.stride_block + kv_head * p.stride_head +
-                         static_cast<int64_t>(tile_start % p.block_size) * p.stride_token + chunk * 8;
+                         static_cast<int64_t>(tile_start & (p.block_size - 1)) * p.stride_token + chunk * 8;
 #pragma unroll
     for (int i = 0; i < kTile / kRowsPerCopy; ++i) {
         const int row = first_row + i * kRowsPerCopy;
@@ -242,7 +243,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
         const bool is_key = threadIdx.x < D / 8;
         const int chunk = threadIdx.x % (D / 8);
         const int64_t slot = p.write_slots[sequence];
-        const int64_t offset = (slot / p.block_size) * p.stride_block + (slot % p.block_size) * p.stride_token +
+        const int64_t offset = (slot >> p.block_shift) * p.stride_block + (slot & (p.block_size - 1)) * p.stride_token +
                                kv_head * p.stride_head + chunk * 8;
         const __nv_bfloat16* source =
             is_key ? p.new_key + sequence * p.new_key_stride_sequence + kv_head * p.new_key_stride_head
@@ -277,7 +278,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
     const int* table = p.block_tables + sequence * p.stride_table;
     const int num_tiles = (length + kTile - 1) / kTile;
     // Block id of a warp's tile, or 0 past the context (never dereferenced).
-    auto block_of = [&](int tile_index) { return tile_index < num_tiles ? table[tile_index * kTile / p.block_size] : 0; };
+    auto block_of = [&](int tile_index) { return tile_index < num_tiles ? table[(tile_index * kTile) >> p.block_shift] : 0; };
     extern __shared__ uint4 shared_ring[];  // [S][W][kVectors]
     uint4* ring = shared_ring + warp * kVectors<D>;
     auto stage_of = [&](int stage) { return ring + stage * W * kVectors<D>; };
