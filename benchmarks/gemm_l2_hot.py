@@ -41,7 +41,8 @@ def main() -> None:
             return F.linear(inputs[name], weight, bias)
         return F.linear(inputs[name], weight)
 
-    print(f"0.5B products at {ROWS} rows, us per product (graph of {NUM_LAYERS}): cold (weights from HBM) | hot (in L2)")
+    print(f"0.5B products at {ROWS} rows, us per product (graph of {NUM_LAYERS}): "
+          "cold (weights from HBM) | hot (in L2)")
     for name in shapes:
         cold = graph_replay_ms(lambda: [product(name, layer[name]) for layer in layers], replays=20)
         hot = graph_replay_ms(lambda: [product(name, layers[0][name]) for _ in layers], replays=20)

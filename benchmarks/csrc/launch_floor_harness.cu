@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(kThreads) phases(float* values, unsigned* coun
     for (int phase = 0; phase < kLaunches; ++phase) {
         if (threadIdx.x == 0) {
             // A slot per phase, so that a CTA running ahead never overwrites what a slower one has yet to read.
-            const float before =
-                phase == 0 ? 0.0f : reinterpret_cast<const volatile float*>(values)[(phase - 1) * grid + (blockIdx.x + 1) % grid];
+            const volatile float* previous = values + (phase - 1) * grid;  // read only from phase 1 on
+            const float before = phase == 0 ? 0.0f : previous[(blockIdx.x + 1) % grid];
             values[phase * grid + blockIdx.x] = before + 1.0f;
             __threadfence();
             // Spins give up after ~1 s, so a grid that could not all be resident ends with a wrong value, not a hang.
@@ -108,7 +108,8 @@ void time_phases(int blocks) {
         const double milliseconds = graph_median_ms(
             [&](cudaStream_t stream) {
                 CHECK_CUDA(cudaMemsetAsync(counters, 0, kLaunches * sizeof(unsigned), stream));
-                CHECK_CUDA(cudaMemsetAsync(flags, 0, static_cast<size_t>(kLaunches) * blocks * sizeof(unsigned), stream));
+                const size_t flag_bytes = static_cast<size_t>(kLaunches) * blocks * sizeof(unsigned);
+                CHECK_CUDA(cudaMemsetAsync(flags, 0, flag_bytes, stream));
                 if (barrier)
                     phases<true><<<blocks, kThreads, 0, stream>>>(values, counters, flags);
                 else

@@ -278,7 +278,9 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
     const int* table = p.block_tables + sequence * p.stride_table;
     const int num_tiles = (length + kTile - 1) / kTile;
     // Block id of a warp's tile, or 0 past the context (never dereferenced).
-    auto block_of = [&](int tile_index) { return tile_index < num_tiles ? table[(tile_index * kTile) >> p.block_shift] : 0; };
+    auto block_of = [&](int tile_index) {
+        return tile_index < num_tiles ? table[(tile_index * kTile) >> p.block_shift] : 0;
+    };
     extern __shared__ uint4 shared_ring[];  // [S][W][kVectors]
     uint4* ring = shared_ring + warp * kVectors<D>;
     auto stage_of = [&](int stage) { return ring + stage * W * kVectors<D>; };
