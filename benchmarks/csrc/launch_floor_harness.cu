@@ -75,8 +75,11 @@ __global__ void __launch_bounds__(kThreads) phases(float* values, unsigned* coun
     for (int phase = 0; phase < kLaunches; ++phase) {
         if (threadIdx.x == 0) {
             // A slot per phase, so that a CTA running ahead never overwrites what a slower one has yet to read.
-            const volatile float* previous = values + (phase - 1) * grid;  // read only from phase 1 on
-            const float before = phase == 0 ? 0.0f : previous[(blockIdx.x + 1) % grid];
+            float before = 0.0f;
+            if (phase > 0) {
+                const volatile float* previous = values + (phase - 1) * grid;
+                before = previous[(blockIdx.x + 1) % grid];
+            }
             values[phase * grid + blockIdx.x] = before + 1.0f;
             __threadfence();
             // Spins give up after ~1 s, so a grid that could not all be resident ends with a wrong value, not a hang.
