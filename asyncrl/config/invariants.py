@@ -18,11 +18,18 @@ LOGGERS = frozenset({"console", "jsonl", "tensorboard", "wandb", "mlflow"})
 CAPTURABLE_LOSS_MODES = ("vanilla", "gspo", "cispo", "reinforce")
 
 
+def cuda_decode_takes_block_size(block_size: int) -> bool:
+    """Whether the CUDA decode-attention kernel reads KV blocks of `block_size` positions: a power of two from
+    16 (it walks tiles of 16 positions and finds their blocks by shifts). Other sizes decode with Triton."""
+    return block_size >= 16 and block_size & (block_size - 1) == 0
+
+
 def check_invariants(config: AsyncRLConfig) -> None:
     check_batch_sizes(config)
     check_algorithm(config)
     check_async(config)
     check_cuda_graphs(config)
+    check_decode_attention(config)
     check_length_distribution(config.rollout.length_distribution)
     unknown_loggers = sorted(set(config.trainer.logger) - LOGGERS)
     if unknown_loggers:
@@ -107,6 +114,15 @@ def check_cuda_graphs(config: AsyncRLConfig) -> None:
                           "replay; turn one of them off")
     if config.model.gradient_checkpointing:
         raise ConfigError("actor.cuda_graphs does not recompute activations: set model.gradient_checkpointing=false")
+
+
+def check_decode_attention(config: AsyncRLConfig) -> None:
+    """rollout.decode_attention=cuda asks for the CUDA kernel: a block size it cannot read fails here rather than
+    decoding with Triton unannounced ("auto" does that)."""
+    rollout = config.rollout
+    if rollout.decode_attention == "cuda" and not cuda_decode_takes_block_size(rollout.block_size):
+        raise ConfigError(f"rollout.decode_attention=cuda reads KV blocks whose size is a power of two from 16, got "
+                          f"rollout.block_size={rollout.block_size}; use decode_attention=auto or triton for it")
 
 
 def check_length_distribution(text: str) -> None:

@@ -71,7 +71,8 @@ class RolloutConfig:
     seed: int = option(0, "base seed of per-request sampling seeds")
     max_num_seqs: int = option(256, "maximum sequences decoded together by one engine", gt=0)
     max_num_batched_tokens: int = option(8192, "maximum tokens in one engine forward (prefill chunk)", gt=0)
-    block_size: int = option(16, "tokens per KV-cache block (a multiple of the decode kernel's tile, 128 positions "
+    block_size: int = option(16, "tokens per KV-cache block. The CUDA decode kernel takes powers of two from 16; "
+                                 "other sizes decode with the Triton kernel (a multiple of its tile, 128 positions "
                                  "at head dimension 64, makes it read each tile from one block)", gt=0)
     gpu_memory_utilization: float = option(
         0.5, "fraction of device memory the engine may take on GPU, weights included", gt=0.0, le=1.0)

@@ -11,6 +11,7 @@ from typing import get_args
 
 import torch
 
+from asyncrl.config.invariants import cuda_decode_takes_block_size
 from asyncrl.config.schema import DecodeAttention, RolloutConfig
 
 DECODE_ATTENTION_KERNELS = get_args(DecodeAttention)
@@ -40,7 +41,8 @@ class EngineConfig:
     async_scheduling: bool = True
     # The CUDA decode-attention kernel: "cuda" (the CUDA C++ kernel of `cuda_decode`, built on first use; an error
     # where it cannot be built), "triton" (`triton_kernels`), or "auto": "cuda" where it builds, else "triton" with a
-    # warning that says why. Calls the CUDA kernel does not cover (fp16/fp32, split contexts) go to Triton either way.
+    # warning that says why. Calls the CUDA kernel does not cover (fp16/fp32, split contexts, and with "auto" block
+    # sizes that are not a power of two from 16) go to Triton either way.
     # On an H200 the CUDA kernel's decode steps are 1-2% faster (docs/benchmarks.md, twelfth round).
     decode_attention: str = "auto"
     device: str = "cpu"
@@ -60,6 +62,9 @@ class EngineConfig:
         if self.decode_attention not in DECODE_ATTENTION_KERNELS:
             raise ValueError(f"engine.decode_attention must be one of {DECODE_ATTENTION_KERNELS}, "
                              f"got {self.decode_attention!r}")
+        if self.decode_attention == "cuda" and not cuda_decode_takes_block_size(self.block_size):
+            raise ValueError(f"engine.decode_attention='cuda' reads KV blocks whose size is a power of two from 16, "
+                             f"got engine.block_size={self.block_size}; 'auto' or 'triton' decode with Triton")
         if torch.device(self.device).type not in ("cpu", "cuda"):
             raise ValueError(f"engine.device must be 'cpu' or 'cuda[:i]', got {self.device!r}")
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from asyncrl.config.invariants import cuda_decode_takes_block_size
 from asyncrl.engine import triton_kernels
 from asyncrl.engine.attention import DecodeKernel
 
@@ -33,7 +34,6 @@ _DECLARATION = ("torch::Tensor paged_decode(torch::Tensor query, torch::Tensor k
                 "torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor new_key, "
                 "torch::Tensor new_value, torch::Tensor write_slots, std::optional<torch::Tensor> row_order, "
                 "std::optional<torch::Tensor> cos, std::optional<torch::Tensor> sin, int64_t warps, int64_t stages);")
-TILE = 16  # positions per warp step: the block size must be a multiple of it
 MAX_GROUP = 8  # query heads per KV head: the rows of one tensor-core fragment
 
 
@@ -53,7 +53,7 @@ def covers(query: Tensor, key_cache: Tensor, num_splits: int) -> bool:
     num_heads, head_dim = query.shape[1], query.shape[2]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     return (num_splits == 1 and query.dtype == torch.bfloat16 and key_cache.dtype == torch.bfloat16
-            and head_dim in (64, 128) and block_size % TILE == 0 and block_size & (block_size - 1) == 0
+            and head_dim in (64, 128) and cuda_decode_takes_block_size(block_size)
             and num_heads // num_kv_heads <= MAX_GROUP
             and query.stride(1) % 8 == 0 and query.stride(0) % 8 == 0)
 

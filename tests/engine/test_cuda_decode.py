@@ -181,6 +181,15 @@ def test_engine_config_rejects_an_unknown_decode_kernel():
         EngineConfig(device="cuda", decode_attention="flash")
 
 
+@pytest.mark.parametrize("block_size", [8, 48, 96])
+def test_asking_for_the_cuda_kernel_with_a_block_size_it_cannot_read_fails_at_config_time(block_size):
+    with pytest.raises(ValueError, match=f"power of two from 16, got engine.block_size={block_size}"):
+        EngineConfig(device="cuda", decode_attention="cuda", block_size=block_size)
+    # "auto" and "triton" decode those blocks with the Triton kernel; powers of two from 16 suit "cuda".
+    assert EngineConfig(device="cuda", decode_attention="auto", block_size=block_size).block_size == block_size
+    assert EngineConfig(device="cuda", decode_attention="cuda", block_size=2 * 16).block_size == 32
+
+
 @pytest.mark.parametrize("builds", [True, False])
 def test_auto_takes_the_cuda_kernel_where_it_builds_and_falls_back_to_triton_with_a_warning(monkeypatch, caplog,
                                                                                             builds):

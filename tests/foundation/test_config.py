@@ -66,6 +66,8 @@ def test_wrong_type_or_range_names_key_and_value(override, message):
     (["async_training.partial_rollout=true"], r"only apply to trainer\.mode=fully_async"),
     (["algorithm.rollout_correction.rollout_rs=token"], r"rollout_rs is set but neither"),
     (["trainer.logger=[console,slack]"], r"unknown tracker"),
+    (["rollout.decode_attention=cuda", "rollout.block_size=48"],
+     r"rollout\.decode_attention=cuda reads KV blocks whose size is a power of two from 16, got rollout\.block_size=48"),
 ])
 def test_cross_field_invariants(overrides, message):
     with pytest.raises(ConfigError, match=message):
