@@ -11,7 +11,8 @@ torch.empty's memory rarely holds the right value).
 
 Answer on an H200 (2026-12-03, docs/benchmarks.md "Fifteenth round"): no. At 256 rows the best block shape
 takes 15.0 us against 13.4 us for 0.5B and 41.0 against 30.9 us for 1.5B; it wins only for 1.5B at 64-128
-rows. Wired into the engine at 256 rows it cost ~1.6 us per layer; it is not kept.
+rows. Wired into the engine (with an attention change that also lost) the decode fraction fell 2.2%; it
+is not kept.
 """
 
 from __future__ import annotations
