@@ -105,7 +105,7 @@ struct Case {
         p.stride_token = kKvHeads * d;
         p.stride_head = d;
         p.block_size = kBlockSize;
-        p.block_shift = 4;  // log2(kBlockSize)
+        p.block_shift = __builtin_ctz(kBlockSize);  // kBlockSize is a power of two
         p.block_tables = tables_device;
         p.stride_table = width;
         p.context_lens = lengths_device;
@@ -125,6 +125,16 @@ struct Case {
         return p;
     }
 };
+
+// Random cos/sin for every sequence, handed to the kernel, which then rotates the query and the new key itself (the
+// engine's CUDA decode path; random values cost the same as real ones).
+void add_rotary(Case& c) {
+    const int64_t count = 2 * static_cast<int64_t>(c.sequences) * c.shape.head_dim;
+    CHECK_CUDA(cudaMalloc(&c.rotary, count * sizeof(__nv_bfloat16)));
+    fill_random<<<64, 256>>>(c.rotary, count, 99);
+    CHECK_CUDA(cudaGetLastError());
+    c.rotate = true;
+}
 
 template <typename T>
 T* upload(const std::vector<T>& host) {
@@ -358,11 +368,7 @@ int main(int argc, char** argv) {
         for (auto [shortest, spread] : {std::pair{128, 896}, std::pair{640, 896}, std::pair{1152, 896},
                                         std::pair{16, 0}, std::pair{1088, 0}}) {
             Case c = make_case(shape_of(64), timed_lengths(1, shortest, spread), 24, 1);
-            const int64_t count = 2 * static_cast<int64_t>(c.sequences) * 64;
-            CHECK_CUDA(cudaMalloc(&c.rotary, count * sizeof(__nv_bfloat16)));
-            fill_random<<<64, 256>>>(c.rotary, count, 99);
-            CHECK_CUDA(cudaGetLastError());
-            c.rotate = true;
+            add_rotary(c);
             const double mean = std::accumulate(c.lengths.begin(), c.lengths.end(), 0.0) / c.sequences;
             const double microseconds = time_launches(c, 4, 3, 24, 50);
             std::printf("sweep contexts %4d-%4d, mean %6.1f: %6.2f us per layer, %5.2f TB/s of KV\n", shortest,
@@ -375,11 +381,7 @@ int main(int argc, char** argv) {
         // warps x stages (the ring's size changes), or launched once for a profiler ("floor once").
         const bool once = argc > 2 && std::string(argv[2]) == "once";
         Case c = make_case(shape_of(64), timed_lengths(1, 16, 0), once ? 1 : 24, 1);
-        const int64_t count = 2 * static_cast<int64_t>(c.sequences) * 64;
-        CHECK_CUDA(cudaMalloc(&c.rotary, count * sizeof(__nv_bfloat16)));
-        fill_random<<<64, 256>>>(c.rotary, count, 99);
-        CHECK_CUDA(cudaGetLastError());
-        c.rotate = true;
+        add_rotary(c);
         if (once) {
             CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(0), 64, 4, 3, nullptr));
             CHECK_CUDA(cudaDeviceSynchronize());
@@ -398,13 +400,7 @@ int main(int argc, char** argv) {
     Case c = make_case(shape_of(head_dim), timed_lengths(1), layers, 1);
     // "time 64 4 3 rotary": the same launches with RoPE folded into the kernel (cos/sin random, the cost is the same).
     const bool rotate = argc > 5 && std::string(argv[5]) == "rotary";
-    if (rotate) {
-        const int64_t count = 2 * static_cast<int64_t>(c.sequences) * head_dim;
-        CHECK_CUDA(cudaMalloc(&c.rotary, count * sizeof(__nv_bfloat16)));
-        fill_random<<<64, 256>>>(c.rotary, count, 99);
-        CHECK_CUDA(cudaGetLastError());
-        c.rotate = true;
-    }
+    if (rotate) add_rotary(c);
     for (int w : warps)
         for (int s : stages) {
             if (mode == "once") {
