@@ -108,6 +108,11 @@ constexpr int kChunks = D / 8;  // 16-byte chunks per row
 template <int D>
 constexpr int kVectors = 2 * kTile * kChunks<D>;  // 16-byte vectors per tile: keys, then values
 
+// Floats per row of a warp's accumulator in the merge: 8 more than D, so that the 8 rows one warp stores land in
+// different banks (2 wavefronts for 8-byte stores) and every row starts 16-byte aligned.
+template <int D>
+constexpr int kMergeRow = D + 8;
+
 __device__ __forceinline__ int swizzled(int row, int chunk, int chunks) { return row * chunks + (chunk ^ (row & 7)); }
 
 // 16 bytes global -> shared without passing through registers (cp.async, L2 only); `fill` false writes zeros.
@@ -329,35 +334,47 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
     state.running_sum += __shfl_xor_sync(0xffffffff, state.running_sum, 1);
     state.running_sum += __shfl_xor_sync(0xffffffff, state.running_sum, 2);
 
-    // Merge the warps' (max, sum, accumulator) per query head, in the ring's memory once every warp is done.
+    // Merge the warps' (max, sum, accumulator) per query head, in the ring's memory once every warp is done. Each
+    // warp scales its own accumulator by its share of the softmax, exp2(m_w - M) / L (M and L over all warps, from
+    // their maxima and sums), so that the final pass only adds W values per output element.
     __syncthreads();
     float* shared_max = reinterpret_cast<float*>(shared_ring);  // [W][8]
     float* shared_sum = shared_max + W * 8;                       // [W][8]
-    float* shared_output = shared_sum + W * 8;                    // [W][8][D]
+    float* shared_output = shared_sum + W * 8;                    // [W][8][kMergeRow]: rows padded against conflicts
     if (quad == 0) {
         shared_max[warp * 8 + group] = state.running_max;
         shared_sum[warp * 8 + group] = state.running_sum;
     }
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-        shared_output[(warp * 8 + group) * D + 8 * j + 2 * quad] = state.accumulator[j][0];
-        shared_output[(warp * 8 + group) * D + 8 * j + 2 * quad + 1] = state.accumulator[j][1];
-    }
     __syncthreads();
-    for (int index = threadIdx.x; index < p.group_size * D; index += W * 32) {
-        const int head = index / D, dim = index % D;
-        float merged_max = kNegativeLarge;
+    float merged_max = kNegativeLarge;
 #pragma unroll
-        for (int w = 0; w < W; ++w) merged_max = fmaxf(merged_max, shared_max[w * 8 + head]);
-        float numerator = 0.0f, denominator = 0.0f;
+    for (int w = 0; w < W; ++w) merged_max = fmaxf(merged_max, shared_max[w * 8 + group]);
+    float denominator = 0.0f;
+#pragma unroll
+    for (int w = 0; w < W; ++w)  // a warp that drew no tile has weight 0
+        denominator += fast_exp2(shared_max[w * 8 + group] - merged_max) * shared_sum[w * 8 + group];
+    // Padding rows (heads past the group) have no probabilities: their sum is 0 and so is their scale.
+    const float scale = denominator > 0.0f ? fast_exp2(state.running_max - merged_max) / denominator : 0.0f;
+    float2* row = reinterpret_cast<float2*>(shared_output + (warp * 8 + group) * kMergeRow<D>);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)  // dimensions 8 j + 2 quad and + 1
+        row[4 * j + quad] = make_float2(state.accumulator[j][0] * scale, state.accumulator[j][1] * scale);
+    __syncthreads();
+    // Four dimensions per thread: W 16-byte reads, one 8-byte store.
+    for (int index = threadIdx.x; index < p.group_size * D / 4; index += W * 32) {
+        const int head = index / (D / 4), dim = 4 * (index % (D / 4));
+        float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int w = 0; w < W; ++w) {
-            const float weight = fast_exp2(shared_max[w * 8 + head] - merged_max);  // 0 for a warp that drew no tile
-            numerator += weight * shared_output[(w * 8 + head) * D + dim];
-            denominator += weight * shared_sum[w * 8 + head];
+            const float4 part = *reinterpret_cast<const float4*>(shared_output + (w * 8 + head) * kMergeRow<D> + dim);
+            total.x += part.x;
+            total.y += part.y;
+            total.z += part.z;
+            total.w += part.w;
         }
-        p.output[sequence * p.output_stride_sequence + (kv_head * p.group_size + head) * p.output_stride_head + dim] =
-            __float2bfloat16(numerator / denominator);
+        *reinterpret_cast<uint2*>(p.output + sequence * p.output_stride_sequence +
+                                  (kv_head * p.group_size + head) * p.output_stride_head + dim) =
+            make_uint2(pack_bf16(total.x, total.y), pack_bf16(total.z, total.w));
     }
 }
 
@@ -365,7 +382,7 @@ template <int D, int W, int S>
 constexpr int kRingBytes = S * W * kVectors<D> * 16;
 // The warps' merge (max and sum per head, then each warp's 8 x D accumulator, fp32) reuses the ring's memory.
 template <int D, int W>
-constexpr int kMergeBytes = (W * 8 * 2 + W * 8 * D) * 4;
+constexpr int kMergeBytes = (W * 8 * 2 + W * 8 * kMergeRow<D>) * 4;
 
 template <int D, int W, int S>
 cudaError_t launch_with(const DecodeParams& params, cudaStream_t stream) {
