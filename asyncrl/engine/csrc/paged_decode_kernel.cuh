@@ -6,8 +6,8 @@
 // KV block: the block size is a multiple of 16); warp w takes tiles w, w + W, ... and keeps its own online
 // softmax, and the warps' states are merged through shared memory at the end. Each warp streams its tiles
 // through its own ring of S shared-memory stages with cp.async: S tiles in flight while it waits, S - 1 while
-// it computes one. Before reading, the CTA stores the step's new key/value at its slot (the last position of
-// the context), and a barrier makes it visible.
+// it computes one. The step's new key/value go to their slot (the context's last position) from the warp that
+// draws the last tile, before it copies that tile; the other warps start streaming at once.
 //
 // Loads and fragments: a tile's keys and values are copied row by row (every request a whole 128-byte line)
 // into the ring, their 16-byte chunks swizzled, and the warp reads mma fragments back with ldmatrix after a
@@ -112,6 +112,11 @@ constexpr int kVectors = 2 * kTile * kChunks<D>;  // 16-byte vectors per tile: k
 // different banks (2 wavefronts for 8-byte stores) and every row starts 16-byte aligned.
 template <int D>
 constexpr int kMergeRow = D + 8;
+// A warp's merge state in its own first ring slice (kVectors 16-byte vectors): 8 maxima, 8 sums, then the rows.
+constexpr int kMergeHeader = 16;
+static_assert((kMergeHeader + 8 * kMergeRow<64>) * 4 <= kVectors<64> * 16 &&
+                  (kMergeHeader + 8 * kMergeRow<128>) * 4 <= kVectors<128> * 16,
+              "a warp's merge state must fit in its slice of the ring");
 
 __device__ __forceinline__ int swizzled(int row, int chunk, int chunks) { return row * chunks + (chunk ^ (row & 7)); }
 
@@ -242,28 +247,39 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
     const int length = p.context_lens[sequence];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, quad = lane % 4;
 
-    // The new key/value of (sequence, kv head) into its slot, D/8 16-byte vectors each; the key rotated first
-    // when the launch carries cos/sin (each thread reads its chunk's RoPE partner, D/2 dimensions away).
-    if (threadIdx.x < D / 4) {
-        const bool is_key = threadIdx.x < D / 8;
-        const int chunk = threadIdx.x % (D / 8);
-        const int64_t slot = p.write_slots[sequence];
-        const int64_t offset = (slot >> p.block_shift) * p.stride_block + (slot & (p.block_size - 1)) * p.stride_token +
-                               kv_head * p.stride_head + chunk * 8;
-        const __nv_bfloat16* source =
-            is_key ? p.new_key + sequence * p.new_key_stride_sequence + kv_head * p.new_key_stride_head
-                   : p.new_value + sequence * p.new_value_stride_sequence + kv_head * p.new_value_stride_head;
-        uint4 vector = reinterpret_cast<const uint4*>(source)[chunk];
-        if (is_key && p.cos != nullptr) {
-            constexpr int kHalf = D / 16;  // chunks per half of the head
-            const bool first_half = chunk < kHalf;
-            const uint4 partner = reinterpret_cast<const uint4*>(source)[first_half ? chunk + kHalf : chunk - kHalf];
-            const uint4 cosines = reinterpret_cast<const uint4*>(p.cos + sequence * p.rotary_stride)[chunk];
-            const uint4 sines = reinterpret_cast<const uint4*>(p.sin + sequence * p.rotary_stride)[chunk];
-            vector = rotate_chunk(vector, partner, cosines, sines, first_half);
+    const int* table = p.block_tables + sequence * p.stride_table;
+    const int num_tiles = (length + kTile - 1) / kTile;
+    // The new key/value sit in the context's last tile, and only the warp that draws that tile reads them: that
+    // warp stores them (a __syncwarp orders its lanes' stores before its own copies of the tile), so no other warp
+    // waits for the store's chain of loads before issuing its first tiles.
+    const bool stores_new = warp == (num_tiles - 1) % W;
+    const bool new_in_first_tiles = num_tiles - 1 < S * W;  // the store must precede the first issues
+    auto store_new = [&] {
+        // The new key/value of (sequence, kv head) into its slot, D/8 16-byte vectors each, one per lane; the key
+        // rotated first when the launch carries cos/sin (each lane reads its chunk's RoPE partner, D/2 away).
+        if (lane < D / 4) {
+            const bool is_key = lane < D / 8;
+            const int chunk = lane % (D / 8);
+            const int64_t slot = p.write_slots[sequence];
+            const int64_t offset = (slot >> p.block_shift) * p.stride_block +
+                                   (slot & (p.block_size - 1)) * p.stride_token + kv_head * p.stride_head + chunk * 8;
+            const __nv_bfloat16* source =
+                is_key ? p.new_key + sequence * p.new_key_stride_sequence + kv_head * p.new_key_stride_head
+                       : p.new_value + sequence * p.new_value_stride_sequence + kv_head * p.new_value_stride_head;
+            uint4 vector = reinterpret_cast<const uint4*>(source)[chunk];
+            if (is_key && p.cos != nullptr) {
+                constexpr int kHalf = D / 16;  // chunks per half of the head
+                const bool first_half = chunk < kHalf;
+                const uint4 partner =
+                    reinterpret_cast<const uint4*>(source)[first_half ? chunk + kHalf : chunk - kHalf];
+                const uint4 cosines = reinterpret_cast<const uint4*>(p.cos + sequence * p.rotary_stride)[chunk];
+                const uint4 sines = reinterpret_cast<const uint4*>(p.sin + sequence * p.rotary_stride)[chunk];
+                vector = rotate_chunk(vector, partner, cosines, sines, first_half);
+            }
+            *reinterpret_cast<uint4*>((is_key ? p.key_cache : p.value_cache) + offset) = vector;
         }
-        *reinterpret_cast<uint4*>((is_key ? p.key_cache : p.value_cache) + offset) = vector;
-    }
+        __syncwarp();
+    };
 
     // This lane's words of query head `group` as mma's A fragment (zero for the padding rows): k-step s takes
     // dimensions 16 s + 2 quad, +1 and 16 s + 8 + 2 quad, +1.
@@ -278,10 +294,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
             query_words[2 * step + 1] = real_head ? row[8 * step + 4 + quad] : 0u;
         }
     }
-    __syncthreads();  // the new key/value are in the cache before any warp reads their tile
 
-    const int* table = p.block_tables + sequence * p.stride_table;
-    const int num_tiles = (length + kTile - 1) / kTile;
     // Block id of a warp's tile, or 0 past the context (never dereferenced).
     auto block_of = [&](int tile_index) {
         return tile_index < num_tiles ? table[(tile_index * kTile) >> p.block_shift] : 0;
@@ -292,6 +305,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
     // Every stage in flight at the start; a group is committed per tile, empty or not, so "all but the newest
     // S - 1 groups done" always means "the oldest tile is here". A stage is refilled, S tiles ahead, as soon as
     // its tile has been read.
+    if (stores_new && new_in_first_tiles) store_new();
 #pragma unroll
     for (int stage = 0; stage < S; ++stage) {
         const int tile_index = warp + stage * W;
@@ -299,6 +313,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
             issue_tile<D>(stage_of(stage), p, block_of(tile_index), kv_head, tile_index * kTile, length, lane);
         commit_copies();
     }
+    if (stores_new && !new_in_first_tiles) store_new();  // its tile is issued in the loop, after this
     if (p.cos != nullptr) {
         // The query's RoPE, here rather than with its loads: the first tiles' copies are in flight meanwhile,
         // so the cos/sin loads add no latency ahead of them. Word i of the first half (dimensions d, d + 1 <
@@ -334,59 +349,51 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
     state.running_sum += __shfl_xor_sync(0xffffffff, state.running_sum, 1);
     state.running_sum += __shfl_xor_sync(0xffffffff, state.running_sum, 2);
 
-    // Merge the warps' (max, sum, accumulator) per query head, in the ring's memory once every warp is done. Each
-    // warp scales its own accumulator by its share of the softmax, exp2(m_w - M) / L (M and L over all warps, from
-    // their maxima and sums), so that the final pass only adds W values per output element.
-    __syncthreads();
-    float* shared_max = reinterpret_cast<float*>(shared_ring);  // [W][8]
-    float* shared_sum = shared_max + W * 8;                       // [W][8]
-    float* shared_output = shared_sum + W * 8;                    // [W][8][kMergeRow]: rows padded against conflicts
+    // Merge the warps' (max, sum, accumulator) per query head. Each warp leaves its state in its own slice of the
+    // ring (its copies are done and read), so one barrier suffices: afterwards each thread merges four dimensions
+    // of one head, weighting warp w by exp2(m_w - M) (0 for a warp that drew no tile).
+    float* merge = reinterpret_cast<float*>(ring);  // this warp's [8] max, [8] sum, [8][kMergeRow] accumulator
     if (quad == 0) {
-        shared_max[warp * 8 + group] = state.running_max;
-        shared_sum[warp * 8 + group] = state.running_sum;
+        merge[group] = state.running_max;
+        merge[8 + group] = state.running_sum;
     }
-    __syncthreads();
-    float merged_max = kNegativeLarge;
-#pragma unroll
-    for (int w = 0; w < W; ++w) merged_max = fmaxf(merged_max, shared_max[w * 8 + group]);
-    float denominator = 0.0f;
-#pragma unroll
-    for (int w = 0; w < W; ++w)  // a warp that drew no tile has weight 0
-        denominator += fast_exp2(shared_max[w * 8 + group] - merged_max) * shared_sum[w * 8 + group];
-    // Padding rows (heads past the group) have no probabilities: their sum is 0 and so is their scale.
-    const float scale = denominator > 0.0f ? fast_exp2(state.running_max - merged_max) / denominator : 0.0f;
-    float2* row = reinterpret_cast<float2*>(shared_output + (warp * 8 + group) * kMergeRow<D>);
+    float2* row = reinterpret_cast<float2*>(merge + kMergeHeader + group * kMergeRow<D>);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)  // dimensions 8 j + 2 quad and + 1
-        row[4 * j + quad] = make_float2(state.accumulator[j][0] * scale, state.accumulator[j][1] * scale);
+        row[4 * j + quad] = make_float2(state.accumulator[j][0], state.accumulator[j][1]);
     __syncthreads();
     // Four dimensions per thread: W 16-byte reads, one 8-byte store.
     for (int index = threadIdx.x; index < p.group_size * D / 4; index += W * 32) {
         const int head = index / (D / 4), dim = 4 * (index % (D / 4));
+        auto warp_merge = [&](int w) { return reinterpret_cast<const float*>(shared_ring + w * kVectors<D>); };
+        float merged_max = kNegativeLarge;
+#pragma unroll
+        for (int w = 0; w < W; ++w) merged_max = fmaxf(merged_max, warp_merge(w)[head]);
+        float denominator = 0.0f;
         float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int w = 0; w < W; ++w) {
-            const float4 part = *reinterpret_cast<const float4*>(shared_output + (w * 8 + head) * kMergeRow<D> + dim);
-            total.x += part.x;
-            total.y += part.y;
-            total.z += part.z;
-            total.w += part.w;
+            const float* other = warp_merge(w);
+            const float weight = fast_exp2(other[head] - merged_max);
+            denominator += weight * other[8 + head];
+            const float4 part = *reinterpret_cast<const float4*>(other + kMergeHeader + head * kMergeRow<D> + dim);
+            total.x += weight * part.x;
+            total.y += weight * part.y;
+            total.z += weight * part.z;
+            total.w += weight * part.w;
         }
+        const float inverse = 1.0f / denominator;
         *reinterpret_cast<uint2*>(p.output + sequence * p.output_stride_sequence +
                                   (kv_head * p.group_size + head) * p.output_stride_head + dim) =
-            make_uint2(pack_bf16(total.x, total.y), pack_bf16(total.z, total.w));
+            make_uint2(pack_bf16(total.x * inverse, total.y * inverse), pack_bf16(total.z * inverse, total.w * inverse));
     }
 }
 
 template <int D, int W, int S>
 constexpr int kRingBytes = S * W * kVectors<D> * 16;
-// The warps' merge (max and sum per head, then each warp's 8 x D accumulator, fp32) reuses the ring's memory.
-template <int D, int W>
-constexpr int kMergeBytes = (W * 8 * 2 + W * 8 * kMergeRow<D>) * 4;
 
 template <int D, int W, int S>
 cudaError_t launch_with(const DecodeParams& params, cudaStream_t stream) {
-    static_assert(kMergeBytes<D, W> <= kRingBytes<D, W, S>, "the warps' merge must fit in the ring's memory");
     // The ring takes more than the 48 KB a launch gets without asking, and the largest shared-memory carveout
     // lets four CTAs' rings share an SM; set once per instantiation.
     static const cudaError_t prepared = [] {
