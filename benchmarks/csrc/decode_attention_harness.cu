@@ -108,6 +108,7 @@ struct Case {
         p.block_shift = __builtin_ctz(kBlockSize);  // kBlockSize is a power of two
         p.block_tables = tables_device;
         p.stride_table = width;
+        p.table_width = width;
         p.context_lens = lengths_device;
         p.row_order = order_device;
         p.output = output;

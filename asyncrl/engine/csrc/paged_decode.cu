@@ -25,6 +25,8 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::
     TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && context_lens.scalar_type() == torch::kInt32 &&
                     write_slots.scalar_type() == torch::kInt64,
                 "paged_decode (CUDA): int32 block tables and context lengths, int64 write slots");
+    TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(1) >= 1 && block_tables.stride(1) == 1,
+                "paged_decode (CUDA): block tables (sequences, width >= 1), rows contiguous");
     // Messages are built as one std::string: formatting integers through c10's stream in this extension crashed
     // the process on the H200 image (a segmentation fault in libstdc++'s ostream) instead of raising.
     TORCH_CHECK(head_dim == 64 || head_dim == 128,
@@ -82,6 +84,7 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::
     params.block_shift = __builtin_ctzll(static_cast<unsigned long long>(block_size));
     params.block_tables = block_tables.data_ptr<int>();
     params.stride_table = block_tables.stride(0);
+    params.table_width = static_cast<int>(block_tables.size(1));
     params.context_lens = context_lens.data_ptr<int>();
     params.row_order = row_order.has_value() ? row_order->data_ptr<int>() : nullptr;
     params.output = bf16(output);

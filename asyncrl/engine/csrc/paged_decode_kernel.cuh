@@ -46,8 +46,9 @@ struct DecodeParams {
     int64_t stride_block, stride_token, stride_head;
     int block_size;   // a power of two, a multiple of 16
     int block_shift;  // log2(block_size): positions to blocks by shifts, not integer division
-    const int* block_tables;  // (sequences, width)
+    const int* block_tables;  // (sequences, table_width)
     int64_t stride_table;
+    int table_width;  // >= 1
     const int* context_lens;  // (sequences,) including the new token
     const int* row_order;     // (sequences,) the order CTAs start in (longest context first), or nullptr
     __nv_bfloat16* output;    // (sequences, heads, D)
@@ -305,12 +306,19 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
     // Every stage in flight at the start; a group is committed per tile, empty or not, so "all but the newest
     // S - 1 groups done" always means "the oldest tile is here". A stage is refilled, S tiles ahead, as soon as
     // its tile has been read.
+    // The first tiles' block ids are loaded whether or not the tiles exist (the index clamped into the table's
+    // row; an id past the context is never used), so these loads need the sequence but not its length: they and
+    // the length arrive together instead of one after the other.
+    int first_blocks[S];
+#pragma unroll
+    for (int stage = 0; stage < S; ++stage)
+        first_blocks[stage] = table[min(((warp + stage * W) * kTile) >> p.block_shift, p.table_width - 1)];
     if (stores_new && new_in_first_tiles) store_new();
 #pragma unroll
     for (int stage = 0; stage < S; ++stage) {
         const int tile_index = warp + stage * W;
         if (tile_index < num_tiles)
-            issue_tile<D>(stage_of(stage), p, block_of(tile_index), kv_head, tile_index * kTile, length, lane);
+            issue_tile<D>(stage_of(stage), p, first_blocks[stage], kv_head, tile_index * kTile, length, lane);
         commit_copies();
     }
     if (stores_new && !new_in_first_tiles) store_new();  // its tile is issued in the loop, after this
