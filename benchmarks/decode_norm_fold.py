@@ -1,0 +1,171 @@
+"""Would folding each RMSNorm's weight into the product after it shorten a decode layer?
+
+    python benchmarks/decode_norm_fold.py [--model qwen2.5-0.5b] [--rows 256] [--profile] [--coordinate-descent]
+
+A decode layer runs nine kernels; two of them are Inductor's residual add + RMSNorm (before q/k/v and before
+gate/up). Folded, a norm disappears: norm(x) @ W.T = r * (x @ (W * w).T), with r = rsqrt(mean(x^2) + eps) a
+number per row. The product then reads the stream x itself, and r is applied by the product's consumer. The
+residual adds go into the o and down products, as cuBLAS's in-place beta = 1 (`x.addmm_`, no copy of x), so
+nothing is left for the norms' kernels to fuse. The layer becomes, around attention:
+
+- now:    add + norm, q/k/v (+ bias), [attention], o, add + norm, gate/up, SiLU x up, down (+ split-K reduce);
+- folded: q/k/v, r * qkv + bias, [attention], o += , gate/up, SiLU(r * gate) x (r * up), down += ;
+- folded into attention: the same without `r * qkv + bias`, which the attention kernel would do as it loads
+  q/k/v (not built: this variant bounds what that would give, minus the kernel's extra prologue).
+
+Each variant runs the 24 layers of the 0.5B (or 1.5B) shapes with distinct weights, in one CUDA graph, the
+attention kernel left out (a view of the query stands in for its output, the same in every variant). The
+elementwise halves are compiled by Inductor with the engine's settings (`dynamic=True`). It also checks that
+the folded layers compute what the engine's layers compute, with norm weights that are not all ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch._inductor.config
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from asyncrl.bench.graph_timing import graph_replay_ms
+from asyncrl.bench.models import qwen2_config, random_model
+from asyncrl.models import compile_decoder_layers, fuse_projections
+
+
+class QueryAsOutput:
+    """Stands in for the attention kernel: its output is the query's view, so no variant pays for attention."""
+    rotates = True
+
+    def attend(self, layer_index, query, key, value, rotary=None):
+        return query
+
+
+def row_scale(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm's per-row factor in fp32, (rows, 1)."""
+    return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+
+
+def scale_and_bias(qkv: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    return (row_scale(x, eps) * qkv.float() + bias.float()).to(qkv.dtype)
+
+
+def folded_swiglu(gate_up: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
+    scale = row_scale(x, eps)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    return (F.silu(scale * gate) * (scale * up)).to(gate_up.dtype)
+
+
+def plain_swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def folded_weights(model) -> list[dict]:
+    """Per layer: q/k/v and gate/up with their norm's weight folded into the columns, o and down transposed."""
+    layers = []
+    for layer in model.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        layers.append({
+            "qkv": (attention.qkv_weight.float() * layer.input_layernorm.weight.float()).to(attention.qkv_weight.dtype),
+            "bias": attention.qkv_bias,
+            "o_t": attention.o_proj.weight.t(),
+            "gate_up": (mlp.gate_up_weight.float() * layer.post_attention_layernorm.weight.float()).to(
+                mlp.gate_up_weight.dtype),
+            "down_t": mlp.down_proj.weight.t(),
+        })
+    return layers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="qwen2.5-0.5b")
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--profile", action="store_true", help="also each kernel's time in two variants")
+    parser.add_argument("--coordinate-descent", action="store_true",
+                        help="Inductor tunes each generated kernel's block sizes and warps at compile time")
+    args = parser.parse_args()
+    torch._inductor.config.coordinate_descent_tuning = args.coordinate_descent
+    config = qwen2_config(args.model)
+    model = random_model(config, torch.bfloat16, "cuda")
+    with torch.no_grad():
+        for layer in model.model.layers:  # norms that are not all ones, so a fold that drops them shows
+            layer.input_layernorm.weight.normal_(1.0, 0.2)
+            layer.post_attention_layernorm.weight.normal_(1.0, 0.2)
+    fuse_projections(model.model)
+    compile_decoder_layers(model)
+    eps, heads_width = config.rms_norm_eps, config.num_attention_heads * config.head_dim
+    folded = folded_weights(model)
+    scale_bias_compiled = torch.compile(scale_and_bias, fullgraph=True, dynamic=True)
+    swiglu_compiled = torch.compile(folded_swiglu, fullgraph=True, dynamic=True)
+    plain_swiglu_compiled = torch.compile(plain_swiglu, fullgraph=True, dynamic=True)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    source = torch.randn(args.rows, config.hidden_size, device="cuda", dtype=torch.bfloat16, generator=generator)
+    state, mixed = torch.empty_like(source), torch.empty_like(source)
+    backend = QueryAsOutput()
+    cos = sin = torch.zeros(args.rows, config.head_dim, device="cuda", dtype=torch.bfloat16)
+
+    def engine_layers() -> torch.Tensor:
+        hidden, update = source, None
+        for layer in model.model.layers:
+            hidden, update = layer.paged_forward(hidden, update, cos, sin, backend)
+        return (hidden.float() + update.float()).to(hidden.dtype)
+
+    def folded_layers(into_attention: bool, scaled_swiglu: bool = True, residual: bool = True) -> torch.Tensor:
+        """`scaled_swiglu` False (SiLU x up without r) and `residual` False (o and down as plain products, the
+        stream not updated) compute something else: they only split the folded layer's time into its parts."""
+        state.copy_(source)  # the stream is updated in place; every replay starts from the same values
+        for weights in folded:
+            qkv = F.linear(state, weights["qkv"])
+            if not into_attention:
+                qkv = scale_bias_compiled(qkv, state, weights["bias"], eps)
+            attended = qkv[:, :heads_width]
+            if residual:
+                state.addmm_(attended, weights["o_t"])
+            else:
+                torch.mm(attended, weights["o_t"], out=mixed)
+            gate_up = F.linear(state if residual else mixed, weights["gate_up"])
+            activation = (swiglu_compiled(gate_up, state, eps) if scaled_swiglu
+                          else plain_swiglu_compiled(gate_up))
+            if residual:
+                state.addmm_(activation, weights["down_t"])
+            else:
+                torch.mm(activation, weights["down_t"], out=mixed)
+        return state
+
+    with torch.no_grad():
+        reference = engine_layers().float()
+        result = folded_layers(False).float()
+        error = ((result - reference).norm() / reference.norm()).item()
+        print(f"{args.model}, {args.rows} rows, {len(folded)} layers: folded against the engine's layers, "
+              f"relative error {error:.2e} (bf16 rounding is ~4e-3)")
+        timings = {
+            "engine's layers (add + norm kernels)": engine_layers,
+            "folded, r * qkv + bias as a kernel": lambda: folded_layers(False),
+            "folded into attention (no r * qkv kernel)": lambda: folded_layers(True),
+            "  part: that, SiLU x up without r": lambda: folded_layers(True, scaled_swiglu=False),
+            "  part: that, o and down without the residual": lambda: folded_layers(True, False, residual=False),
+        }
+        for label, launch in timings.items():
+            per_step = [graph_replay_ms(launch, replays=20) * 1e3 for _ in range(3)]
+            print(f"  {label}: {min(per_step):7.1f} us per step ({min(per_step) / len(folded):5.2f} us per layer), "
+                  f"runs {' '.join(f'{value:.1f}' for value in per_step)}")
+        if args.profile:
+            for label in list(timings)[:3:2]:
+                print_kernel_times(label, timings[label], len(folded))
+
+
+def print_kernel_times(label: str, launch, num_layers: int, steps: int = 5) -> None:
+    """The GPU time of each kernel name, per layer, over `steps` eager calls (kernels only, no gaps)."""
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        for _ in range(steps):
+            launch()
+        torch.cuda.synchronize()
+    print(f"  kernels of {label!r}, us per layer:")
+    for event in sorted(profiler.key_averages(), key=lambda event: -event.device_time_total)[:12]:
+        print(f"    {event.device_time_total / steps / num_layers:6.2f}  x{event.count / steps / num_layers:4.1f}  "
+              f"{event.key[:110]}")
+
+
+if __name__ == "__main__":
+    main()
