@@ -17,6 +17,9 @@ Each variant runs the 24 layers of the 0.5B (or 1.5B) shapes with distinct weigh
 attention kernel left out (a view of the query stands in for its output, the same in every variant). The
 elementwise halves are compiled by Inductor with the engine's settings (`dynamic=True`). It also checks that
 the folded layers compute what the engine's layers compute, with norm weights that are not all ones.
+
+Answer (one H200, 2026-12-04, docs/benchmarks.md, sixteenth round): no. Inductor compiles SiLU(r * gate) x
+(r * up) as two kernels that cost more than the two norms; even with r free, the fold saves ~2 us per layer.
 """
 
 from __future__ import annotations
