@@ -1,0 +1,316 @@
+// A prototype GEMM for the decode step's products at 256 rows on Hopper's `wgmma`, checked and timed without torch:
+// C (M, N) bf16 = A (M, K) bf16 x W (N, K)^T, fp32 accumulation. The question it answers: does a `wgmma` kernel
+// tiled for 256 rows (every row in one CTA, a column tile sized so the grid is one wave of 132 SMs) beat cuBLAS on
+// gate/up (10.4-10.9 us, round 15's gemm_l2_hot.py), where round 14's `mma.sync` kernel reached only ~180 TFLOP/s?
+//
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o .devbuild/wgmma_gemm_harness \
+//        benchmarks/csrc/wgmma_gemm_harness.cu
+//   .devbuild/wgmma_gemm_harness check   # every configuration against an fp32 reference on the device
+//   .devbuild/wgmma_gemm_harness time    # us per product over 24 distinct weights in one CUDA graph
+//
+// Design: BM rows (128 or 256: one warpgroup of 128 threads per 128 rows, two m64 products each) x BN columns per
+// CTA; K in blocks of 64 (128 bytes of bf16, the 128-byte swizzle's row), STAGES blocks in flight by cp.async
+// with zero fill past N. Shared tiles are laid out as a 128-byte-swizzle TMA box would be (row r's 16-byte chunk c
+// at chunk c ^ (r % 8), tiles 1024-byte aligned), so `wgmma` reads both operands K-major through shared-memory
+// descriptors; a k16 step advances a descriptor's start by 32 bytes. Every warpgroup waits for its products
+// before the CTA barrier that lets a stage be refilled. No TMA, no multicast, no split-K, no warp specialisation:
+// a first measurement of the instruction's rate at these shapes, not a finished kernel.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "harness_timing.cuh"
+
+// The wgmma wrappers below were generated (one per N; D += A x B, both operands K-major in shared memory).
+__device__ __forceinline__ void wgmma_m64n64k16(float* d, uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_m64n80k16(float* d, uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_m64n96k16(float* d, uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_m64n128k16(float* d, uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
+
+template <int BN>
+__device__ __forceinline__ void wgmma_tile(float* d, uint64_t desc_a, uint64_t desc_b) {
+    if constexpr (BN == 64) wgmma_m64n64k16(d, desc_a, desc_b);
+    else if constexpr (BN == 80) wgmma_m64n80k16(d, desc_a, desc_b);
+    else if constexpr (BN == 96) wgmma_m64n96k16(d, desc_a, desc_b);
+    else wgmma_m64n128k16(d, desc_a, desc_b);
+}
+
+__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// A K-major operand in the 128-byte swizzle: start address, leading byte offset 16 (unused by this layout),
+// stride byte offset 1024 (eight 128-byte rows), layout type 1 (128-byte swizzle) in bits 62-63.
+__device__ __forceinline__ uint64_t smem_descriptor(uint32_t address) {
+    return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (static_cast<uint64_t>(16 >> 4) << 16) |
+           (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void copy_16(uint32_t destination, const void* source, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(source),
+                 "r"(valid ? 16 : 0));
+}
+
+// FENCE: the proxy fence between cp.async's writes and wgmma's reads (the PTX model asks for it; `nofence` times
+// what it costs). IN_FLIGHT: wgmma groups left running across the next block's barrier (0 or 1); a stage is
+// refilled once the group that read it is done, so loads run STAGES - 1 - IN_FLIGHT blocks ahead.
+template <int BN, int BM, int STAGES, bool FENCE, int IN_FLIGHT>
+__global__ void __launch_bounds__(BM) wgmma_gemm(const __nv_bfloat16* __restrict__ a,
+                                                  const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ c,
+                                                  int m, int n, int k) {
+    constexpr int kABytes = BM * 128, kBBytes = BN * 128, kStageBytes = kABytes + kBBytes;
+    static_assert(kBBytes % 1024 == 0, "each tile starts on a 1024-byte swizzle boundary");
+    extern __shared__ unsigned char shared_raw[];
+    const uint32_t base = (shared_address(shared_raw) + 1023) & ~1023u;
+    const int thread = threadIdx.x, warpgroup = thread / 128;
+    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM, num_blocks = k / 64;
+
+    auto load_stage = [&](int stage, int block) {
+        const uint32_t tile_a = base + stage * kStageBytes, tile_b = tile_a + kABytes;
+#pragma unroll
+        for (int i = thread; i < BM * 8; i += BM) {
+            const int row = i >> 3, chunk = i & 7;
+            const bool valid = m0 + row < m;
+            copy_16(tile_a + row * 128 + ((chunk ^ (row & 7)) << 4),
+                    a + static_cast<size_t>(valid ? m0 + row : 0) * k + block * 64 + chunk * 8, valid);
+        }
+#pragma unroll
+        for (int i = thread; i < BN * 8; i += BM) {
+            const int row = i >> 3, chunk = i & 7;
+            const bool valid = n0 + row < n;
+            copy_16(tile_b + row * 128 + ((chunk ^ (row & 7)) << 4),
+                    w + static_cast<size_t>(valid ? n0 + row : 0) * k + block * 64 + chunk * 8, valid);
+        }
+    };
+
+    float accumulators[2][BN / 2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) accumulators[half][i] = 0.0f;
+
+    constexpr int kAhead = STAGES - 1 - IN_FLIGHT;
+    static_assert(kAhead >= 1, "at least one block loaded ahead");
+#pragma unroll
+    for (int stage = 0; stage < kAhead; ++stage) {
+        if (stage < num_blocks) load_stage(stage, stage);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    for (int block = 0; block < num_blocks; ++block) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(kAhead - 1));
+        if constexpr (FENCE) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        const int next = block + kAhead;  // its stage was read by a group every warpgroup has finished
+        if (next < num_blocks) load_stage(next % STAGES, next);
+        asm volatile("cp.async.commit_group;\n" ::);
+        const uint32_t tile_a = base + (block % STAGES) * kStageBytes, tile_b = tile_a + kABytes;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int step = 0; step < 4; ++step) {
+            const uint64_t desc_b = smem_descriptor(tile_b + step * 32);
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+                wgmma_tile<BN>(accumulators[half],
+                               smem_descriptor(tile_a + (warpgroup * 128 + half * 64) * 128 + step * 32), desc_b);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(IN_FLIGHT) : "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+
+    // The accumulator layout of m64nN: per 8 columns, {(g, 2q), (g, 2q + 1), (g + 8, 2q), (g + 8, 2q + 1)} for
+    // lane 4g + q, warp w of the warpgroup adding 16 w rows.
+    const int warp = (thread % 128) / 32, lane = thread % 32, g = lane / 4, q = lane % 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = m0 + warpgroup * 128 + half * 64 + warp * 16 + g;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const int column = n0 + j * 8 + q * 2;
+            if (column >= n) continue;
+            const float* values = &accumulators[half][j * 4];
+            if (row < m)
+                *reinterpret_cast<__nv_bfloat162*>(c + static_cast<size_t>(row) * n + column) =
+                    __floats2bfloat162_rn(values[0], values[1]);
+            if (row + 8 < m)
+                *reinterpret_cast<__nv_bfloat162*>(c + static_cast<size_t>(row + 8) * n + column) =
+                    __floats2bfloat162_rn(values[2], values[3]);
+        }
+    }
+}
+
+__global__ void reference_gemm(const __nv_bfloat16* a, const __nv_bfloat16* w, float* c, int m, int n, int k) {
+    const int column = blockIdx.x * blockDim.x + threadIdx.x, row = blockIdx.y;
+    if (column >= n) return;
+    float sum = 0.0f;
+    for (int i = 0; i < k; ++i)
+        sum += __bfloat162float(a[static_cast<size_t>(row) * k + i]) * __bfloat162float(w[static_cast<size_t>(column) * k + i]);
+    c[static_cast<size_t>(row) * n + column] = sum;
+}
+
+__global__ void fill_random(__nv_bfloat16* values, size_t count, uint32_t seed, float scale) {
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+        uint32_t bits = static_cast<uint32_t>(i) * 0x9E3779B9u ^ seed;
+        bits ^= bits >> 16; bits *= 0x85EBCA6Bu; bits ^= bits >> 13; bits *= 0xC2B2AE35u; bits ^= bits >> 16;
+        values[i] = __float2bfloat16((static_cast<float>(bits >> 8) * 5.9604645e-08f - 0.5f) * scale);
+    }
+}
+
+struct Config {
+    const char* name;
+    void (*launch)(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int, cudaStream_t);
+};
+
+template <int BN, int BM, int STAGES, bool FENCE = true, int IN_FLIGHT = 0>
+void launch_gemm(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, int m, int n, int k,
+                 cudaStream_t stream) {
+    constexpr int kShared = STAGES * (BM + BN) * 128 + 1024;
+    static bool configured = false;
+    if (!configured) {
+        CHECK_CUDA(cudaFuncSetAttribute(wgmma_gemm<BN, BM, STAGES, FENCE, IN_FLIGHT>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        kShared));
+        configured = true;
+    }
+    const dim3 grid((n + BN - 1) / BN, (m + BM - 1) / BM);
+    wgmma_gemm<BN, BM, STAGES, FENCE, IN_FLIGHT><<<grid, BM, kShared, stream>>>(a, w, c, m, n, k);
+    CHECK_CUDA(cudaGetLastError());
+}
+
+const Config kConfigs[] = {
+    {"BN 80, BM 256, 4 st", launch_gemm<80, 256, 4>},
+    {"BN 80, BM 256, 4 st, nofence", launch_gemm<80, 256, 4, false>},
+    {"BN 80, BM 256, 5 st, 1 fly", launch_gemm<80, 256, 5, true, 1>},
+    {"BN 80, BM 256, 5 st, 1 fly, nofence", launch_gemm<80, 256, 5, false, 1>},
+    {"BN 80, BM 128, 4 st", launch_gemm<80, 128, 4>},
+    {"BN 80, BM 128, 4 st, nofence", launch_gemm<80, 128, 4, false>},
+    {"BN 80, BM 128, 6 st, 1 fly", launch_gemm<80, 128, 6, true, 1>},
+    {"BN 64, BM 128, 4 st", launch_gemm<64, 128, 4>},
+    {"BN 64, BM 128, 4 st, nofence", launch_gemm<64, 128, 4, false>},
+    {"BN 64, BM 128, 6 st, 1 fly", launch_gemm<64, 128, 6, true, 1>},
+    {"BN 64, BM 128, 6 st, 1 fly, nofence", launch_gemm<64, 128, 6, false, 1>},
+};
+
+struct Shape {
+    const char* name;
+    int n, k;
+};
+const Shape kShapes[] = {{"gate/up", 9728, 896}, {"q/k/v", 1152, 896}, {"o", 896, 896}};
+
+int check() {
+    const int m = 256;
+    bool all_ok = true;
+    for (const Shape& shape : kShapes) {
+        __nv_bfloat16 *a, *w, *c;
+        float* reference;
+        CHECK_CUDA(cudaMalloc(&a, sizeof(__nv_bfloat16) * m * shape.k));
+        CHECK_CUDA(cudaMalloc(&w, sizeof(__nv_bfloat16) * shape.n * shape.k));
+        CHECK_CUDA(cudaMalloc(&c, sizeof(__nv_bfloat16) * m * shape.n));
+        CHECK_CUDA(cudaMalloc(&reference, sizeof(float) * m * shape.n));
+        fill_random<<<512, 256>>>(a, static_cast<size_t>(m) * shape.k, 1, 2.0f);
+        fill_random<<<512, 256>>>(w, static_cast<size_t>(shape.n) * shape.k, 2, 0.1f);
+        reference_gemm<<<dim3((shape.n + 127) / 128, m), 128>>>(a, w, reference, m, shape.n, shape.k);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        std::vector<float> expected(static_cast<size_t>(m) * shape.n);
+        CHECK_CUDA(cudaMemcpy(expected.data(), reference, sizeof(float) * expected.size(), cudaMemcpyDeviceToHost));
+        float largest = 0.0f;
+        for (float value : expected) largest = std::fmax(largest, std::fabs(value));
+        for (const Config& config : kConfigs) {
+            CHECK_CUDA(cudaMemset(c, 0xFF, sizeof(__nv_bfloat16) * m * shape.n));  // NaN: an unwritten output shows
+            config.launch(a, w, c, m, shape.n, shape.k, 0);
+            CHECK_CUDA(cudaDeviceSynchronize());
+            std::vector<__nv_bfloat16> result(expected.size());
+            CHECK_CUDA(cudaMemcpy(result.data(), c, sizeof(__nv_bfloat16) * result.size(), cudaMemcpyDeviceToHost));
+            double worst = 0.0;
+            for (size_t i = 0; i < result.size(); ++i) {
+                const double error = std::fabs(__bfloat162float(result[i]) - expected[i]) / largest;
+                worst = std::isnan(error) ? INFINITY : std::fmax(worst, error);
+            }
+            const bool ok = worst < 1e-2;
+            all_ok = all_ok && ok;
+            std::printf("check %-8s %-36s largest error %.2e of the largest output: %s\n", shape.name, config.name, worst,
+                        ok ? "ok" : "WRONG");
+        }
+        CHECK_CUDA(cudaFree(a));
+        CHECK_CUDA(cudaFree(w));
+        CHECK_CUDA(cudaFree(c));
+        CHECK_CUDA(cudaFree(reference));
+    }
+    return all_ok ? 0 : 1;
+}
+
+void time_all() {
+    const int m = 256, layers = 24;
+    for (const Shape& shape : kShapes) {
+        __nv_bfloat16 *a, *w, *c;
+        CHECK_CUDA(cudaMalloc(&a, sizeof(__nv_bfloat16) * m * shape.k));
+        CHECK_CUDA(cudaMalloc(&w, sizeof(__nv_bfloat16) * layers * shape.n * shape.k));
+        CHECK_CUDA(cudaMalloc(&c, sizeof(__nv_bfloat16) * layers * m * shape.n));
+        fill_random<<<512, 256>>>(a, static_cast<size_t>(m) * shape.k, 1, 2.0f);
+        fill_random<<<512, 256>>>(w, static_cast<size_t>(layers) * shape.n * shape.k, 2, 0.1f);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        const double flops = 2.0 * m * shape.n * shape.k;
+        for (const Config& config : kConfigs) {
+            const double milliseconds = graph_median_ms(
+                [&](cudaStream_t stream) {
+                    for (int layer = 0; layer < layers; ++layer)
+                        config.launch(a, w + static_cast<size_t>(layer) * shape.n * shape.k,
+                                      c + static_cast<size_t>(layer) * m * shape.n, m, shape.n, shape.k, stream);
+                },
+                20);
+            const double microseconds = milliseconds * 1e3 / layers;
+            std::printf("time %-8s %-36s %6.2f us per product, %4.0f TFLOP/s\n", shape.name, config.name, microseconds,
+                        flops / microseconds * 1e-6);
+        }
+        CHECK_CUDA(cudaFree(a));
+        CHECK_CUDA(cudaFree(w));
+        CHECK_CUDA(cudaFree(c));
+    }
+}
+
+int main(int argc, char** argv) {
+    const std::string mode = argc > 1 ? argv[1] : "check";
+    if (mode == "check") return check();
+    if (mode == "time") {
+        time_all();
+        return 0;
+    }
+    std::fprintf(stderr, "usage: %s check | time\n", argv[0]);
+    return 2;
+}
