@@ -1,21 +1,29 @@
-// A prototype GEMM for the decode step's products at 256 rows on Hopper's `wgmma`, checked and timed without torch:
-// C (M, N) bf16 = A (M, K) bf16 x W (N, K)^T, fp32 accumulation. The question it answers: does a `wgmma` kernel
-// tiled for 256 rows (every row in one CTA, a column tile sized so the grid is one wave of 132 SMs) beat cuBLAS on
-// gate/up (10.4-10.9 us, round 15's gemm_l2_hot.py), where round 14's `mma.sync` kernel reached only ~180 TFLOP/s?
+// Prototype GEMMs for the decode step's products at 256 rows on Hopper's `wgmma`, checked and timed without torch:
+// C (M, N) bf16 = A (M, K) bf16 x W (N, K)^T, fp32 accumulation. The question: does a `wgmma` kernel tiled for 256
+// rows (a column tile sized so the grid is one wave of 132 SMs) beat cuBLAS on these shapes, where round 14's
+// `mma.sync` kernel reached only ~180 TFLOP/s on gate/up?
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o .devbuild/wgmma_gemm_harness \
-//        benchmarks/csrc/wgmma_gemm_harness.cu
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I benchmarks/csrc \
+//        -o .devbuild/wgmma_gemm_harness benchmarks/csrc/wgmma_gemm_harness.cu
 //   .devbuild/wgmma_gemm_harness check   # every configuration against an fp32 reference on the device
 //   .devbuild/wgmma_gemm_harness time    # us per product over 24 distinct weights in one CUDA graph
 //
-// Design: BM rows (128 or 256: one warpgroup of 128 threads per 128 rows, two m64 products each) x BN columns per
-// CTA; K in blocks of 64 (128 bytes of bf16, the 128-byte swizzle's row), STAGES blocks in flight by cp.async
-// with zero fill past N. Shared tiles are laid out as a 128-byte-swizzle TMA box would be (row r's 16-byte chunk c
-// at chunk c ^ (r % 8), tiles 1024-byte aligned), so `wgmma` reads both operands K-major through shared-memory
-// descriptors; a k16 step advances a descriptor's start by 32 bytes. Every warpgroup waits for its products
-// before the CTA barrier that lets a stage be refilled. No TMA, no multicast, no split-K, no warp specialisation:
-// a first measurement of the instruction's rate at these shapes, not a finished kernel.
+// Two kernels, both with BM rows (128 or 256: one consumer warpgroup of 128 threads per 128 rows, two m64 products
+// each) x BN columns per CTA and K in blocks of 64 (128 bytes of bf16, the 128-byte swizzle's row). Shared tiles
+// are laid out as a 128-byte-swizzle TMA box (row r's 16-byte chunk c at chunk c ^ (r % 8), tiles 1024-byte
+// aligned), so `wgmma` reads both operands K-major through shared-memory descriptors; a k16 step advances a
+// descriptor's start by 32 bytes.
+// - `wgmma_gemm`: every thread loads with cp.async (zero fill past N), STAGES blocks in flight, a CTA barrier per
+//   block before a stage is refilled.
+// - `tma_gemm`: a producer warpgroup (one thread issues the copies) and full/empty mbarriers per stage; with CS > 1
+//   the CTAs of a cluster of CS along N each load a slice of the A tile and multicast it to all of them.
+//
+// Answer (one H200, 2026-12-04, docs/benchmarks.md sixteenth round): all correct, none faster than cuBLAS. Best:
+// gate/up 13.3 us (TMA, BN 80, BM 256; cuBLAS 10.8), q/k/v and o 6.5 us (TMA, BN 64, BM 128; cuBLAS 5.3 and 4.8).
+// Multicast clusters of 2-4 made every shape slower (8-26 us).
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -29,6 +37,14 @@
 #include "harness_timing.cuh"
 
 // The wgmma wrappers below were generated (one per N; D += A x B, both operands K-major in shared memory).
+__device__ __forceinline__ void wgmma_m64n32k16(float* d, uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
 __device__ __forceinline__ void wgmma_m64n64k16(float* d, uint64_t desc_a, uint64_t desc_b) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -64,7 +80,8 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, uint64_t desc_a, uint
 
 template <int BN>
 __device__ __forceinline__ void wgmma_tile(float* d, uint64_t desc_a, uint64_t desc_b) {
-    if constexpr (BN == 64) wgmma_m64n64k16(d, desc_a, desc_b);
+    if constexpr (BN == 32) wgmma_m64n32k16(d, desc_a, desc_b);
+    else if constexpr (BN == 64) wgmma_m64n64k16(d, desc_a, desc_b);
     else if constexpr (BN == 80) wgmma_m64n80k16(d, desc_a, desc_b);
     else if constexpr (BN == 96) wgmma_m64n96k16(d, desc_a, desc_b);
     else wgmma_m64n128k16(d, desc_a, desc_b);
@@ -192,6 +209,206 @@ __global__ void fill_random(__nv_bfloat16* values, size_t count, uint32_t seed, 
     }
 }
 
+// The same product fed by the tensor-memory accelerator: one producer warpgroup (one thread of it issues the
+// copies) and BM / 128 consumer warpgroups, full/empty mbarriers per stage, the 128-byte swizzle written by TMA.
+// A consumer releases a stage once the wgmma group that read it is done (IN_FLIGHT groups may stay running).
+__device__ __forceinline__ void barrier_wait(uint32_t barrier, uint32_t phase) {
+    uint32_t done = 0;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(barrier), "r"(phase)
+            : "memory");
+    } while (!done);
+}
+
+__device__ __forceinline__ void tma_load_2d(uint32_t destination, const CUtensorMap* map, int inner, int outer,
+                                            uint32_t barrier) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+            "r"(destination),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(inner), "r"(outer), "r"(barrier)
+        : "memory");
+}
+
+// A consumer warpgroup: its 128 rows of the CTA's tile, block by block as the stages fill, then the epilogue.
+template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS>
+__device__ __forceinline__ void consume(uint32_t base, uint32_t full, uint32_t empty, __nv_bfloat16* __restrict__ c,
+                                        int m, int n, int k, int m0, int n0, int num_blocks) {
+    constexpr int kABytes = BM * 128, kStageBytes = kABytes + BN * 128;
+    const int thread = threadIdx.x, warpgroup = thread / 128;
+    float accumulators[2][BN / 2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) accumulators[half][i] = 0.0f;
+    for (int block = 0; block < num_blocks; ++block) {
+        const int stage = block % STAGES;
+        barrier_wait(full + stage * 8, (block / STAGES) & 1);
+        const uint32_t tile_a = base + stage * kStageBytes, tile_b = tile_a + kABytes;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int step = 0; step < 4; ++step) {
+            const uint64_t desc_b = smem_descriptor(tile_b + step * 32);
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+                wgmma_tile<BN>(accumulators[half],
+                               smem_descriptor(tile_a + (warpgroup * 128 + half * 64) * 128 + step * 32), desc_b);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(IN_FLIGHT) : "memory");
+        const int done = block - IN_FLIGHT;  // the block whose group has finished: its stage is free
+        if (done >= 0 && thread % 128 == 0) {
+            const uint32_t barrier = empty + (done % STAGES) * 8;
+            if constexpr (CS > 1) {
+#pragma unroll
+                for (int target = 0; target < CS; ++target) {
+                    uint32_t remote;
+                    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(barrier), "r"(target));
+                    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
+                                 : "memory");
+                }
+            } else {
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(barrier) : "memory");
+            }
+        }
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+
+    const int warp = (thread % 128) / 32, lane = thread % 32, g = lane / 4, q = lane % 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = m0 + warpgroup * 128 + half * 64 + warp * 16 + g;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const int column = n0 + j * 8 + q * 2;
+            if (column >= n) continue;
+            const float* values = &accumulators[half][j * 4];
+            if (row < m)
+                *reinterpret_cast<__nv_bfloat162*>(c + static_cast<size_t>(row) * n + column) =
+                    __floats2bfloat162_rn(values[0], values[1]);
+            if (row + 8 < m)
+                *reinterpret_cast<__nv_bfloat162*>(c + static_cast<size_t>(row + 8) * n + column) =
+                    __floats2bfloat162_rn(values[2], values[3]);
+        }
+    }
+}
+
+template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS>
+__global__ void __launch_bounds__(BM + 128) tma_gemm(const __grid_constant__ CUtensorMap map_a,
+                                                    const __grid_constant__ CUtensorMap map_w,
+                                                    __nv_bfloat16* __restrict__ c, int m, int n, int k) {
+    constexpr int kABytes = BM * 128, kBBytes = BN * 128, kStageBytes = kABytes + kBBytes;
+    constexpr int kConsumers = BM / 128;
+    static_assert(kBBytes % 1024 == 0 && (BM / CS) % 8 == 0, "each tile and slice on a 1024-byte swizzle boundary");
+    extern __shared__ unsigned char shared_raw[];
+    const uint32_t base = (shared_address(shared_raw) + 1023) & ~1023u;
+    const uint32_t full = base + STAGES * kStageBytes, empty = full + STAGES * 8;
+    const int thread = threadIdx.x, warpgroup = thread / 128;
+    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM, num_blocks = k / 64;
+    uint32_t rank = 0;
+    if constexpr (CS > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    if (thread == 0) {
+        for (int stage = 0; stage < STAGES; ++stage) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(full + stage * 8));
+            // Every consumer warpgroup of the cluster frees a stage: this CTA's multicast writes into all of them.
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(empty + stage * 8), "r"(kConsumers * CS));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if constexpr (CS > 1) {  // every CTA's barriers exist before any multicast or remote arrive reaches them
+        asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    }
+
+    if (warpgroup == kConsumers) {  // the producer
+        if (thread % 128 == 0) {
+            for (int block = 0; block < num_blocks; ++block) {
+                const int stage = block % STAGES;
+                if (block >= STAGES) barrier_wait(empty + stage * 8, ((block / STAGES) & 1) ^ 1);
+                const uint32_t tile_a = base + stage * kStageBytes;
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full + stage * 8),
+                             "r"(kStageBytes)
+                             : "memory");
+                if constexpr (CS > 1) {  // this CTA's slice of the A tile, to every CTA of the cluster
+                    const uint32_t slice = rank * (BM / CS);
+                    asm volatile(
+                        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                        " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(tile_a + slice * 128),
+                        "l"(reinterpret_cast<uint64_t>(&map_a)), "r"(block * 64), "r"(m0 + static_cast<int>(slice)),
+                        "r"(full + stage * 8), "h"(static_cast<uint16_t>((1 << CS) - 1))
+                        : "memory");
+                } else {
+                    tma_load_2d(tile_a, &map_a, block * 64, m0, full + stage * 8);
+                }
+                tma_load_2d(tile_a + kABytes, &map_w, block * 64, n0, full + stage * 8);
+            }
+        }
+    } else {
+        consume<BN, BM, STAGES, IN_FLIGHT, CS>(base, full, empty, c, m, n, k, m0, n0, num_blocks);
+    }
+    if constexpr (CS > 1) {  // no CTA leaves while another may still arrive on its barriers
+        asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    }
+}
+
+// A row-major (rows, k) bf16 matrix as TMA boxes of 64 columns x box_rows rows in the 128-byte swizzle.
+CUtensorMap tensor_map(const __nv_bfloat16* matrix, int rows, int k, int box_rows) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+    if (encode == nullptr) {
+        cudaDriverEntryPointQueryResult found;
+        CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode),
+                                                    12000, cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess) {
+            std::fprintf(stderr, "cuTensorMapEncodeTiled not found\n");
+            std::exit(1);
+        }
+    }
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * sizeof(__nv_bfloat16)};
+    const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
+    const cuuint32_t element_strides[2] = {1, 1};
+    const CUresult status = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(matrix), dims,
+                                   strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (status != CUDA_SUCCESS) {
+        std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", static_cast<int>(status));
+        std::exit(1);
+    }
+    return map;
+}
+
+template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS = 1>
+void launch_tma(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, int m, int n, int k,
+                cudaStream_t stream) {
+    constexpr int kShared = STAGES * (BM + BN) * 128 + 1024 + STAGES * 16;
+    auto kernel = tma_gemm<BN, BM, STAGES, IN_FLIGHT, CS>;
+    static bool configured = false;
+    if (!configured) {
+        CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared));
+        if (CS > 1) CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        configured = true;
+    }
+    const CUtensorMap map_a = tensor_map(a, m, k, BM / CS), map_w = tensor_map(w, n, k, BN);
+    const int column_tiles = (n + BN - 1) / BN;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3((column_tiles + CS - 1) / CS * CS, (m + BM - 1) / BM);  // whole clusters: spare CTAs
+    config.blockDim = dim3(BM + 128);                                              // compute zeros, store nothing
+    config.dynamicSmemBytes = kShared;
+    config.stream = stream;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = CS;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, map_a, map_w, c, m, n, k));
+}
+
 struct Config {
     const char* name;
     void (*launch)(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int, cudaStream_t);
@@ -214,17 +431,18 @@ void launch_gemm(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* 
 }
 
 const Config kConfigs[] = {
-    {"BN 80, BM 256, 4 st", launch_gemm<80, 256, 4>},
-    {"BN 80, BM 256, 4 st, nofence", launch_gemm<80, 256, 4, false>},
-    {"BN 80, BM 256, 5 st, 1 fly", launch_gemm<80, 256, 5, true, 1>},
-    {"BN 80, BM 256, 5 st, 1 fly, nofence", launch_gemm<80, 256, 5, false, 1>},
-    {"BN 80, BM 128, 4 st", launch_gemm<80, 128, 4>},
-    {"BN 80, BM 128, 4 st, nofence", launch_gemm<80, 128, 4, false>},
-    {"BN 80, BM 128, 6 st, 1 fly", launch_gemm<80, 128, 6, true, 1>},
-    {"BN 64, BM 128, 4 st", launch_gemm<64, 128, 4>},
-    {"BN 64, BM 128, 4 st, nofence", launch_gemm<64, 128, 4, false>},
-    {"BN 64, BM 128, 6 st, 1 fly", launch_gemm<64, 128, 6, true, 1>},
-    {"BN 64, BM 128, 6 st, 1 fly, nofence", launch_gemm<64, 128, 6, false, 1>},
+    {"cp.async BN 80, BM 256, 5 st, 1 fly", launch_gemm<80, 256, 5, true, 1>},
+    {"cp.async BN 64, BM 128, 6 st, 1 fly", launch_gemm<64, 128, 6, true, 1>},
+    {"TMA BN 80, BM 256, 5 st, 1 fly", launch_tma<80, 256, 5, 1>},
+    {"TMA BN 80, BM 256, 5 st, 1 fly, CS 2", launch_tma<80, 256, 5, 1, 2>},
+    {"TMA BN 80, BM 256, 5 st, 1 fly, CS 4", launch_tma<80, 256, 5, 1, 4>},
+    {"TMA BN 64, BM 256, 5 st, 1 fly, CS 4", launch_tma<64, 256, 5, 1, 4>},
+    {"TMA BN 128, BM 256, 4 st, 1 fly, CS 4", launch_tma<128, 256, 4, 1, 4>},
+    {"TMA BN 64, BM 128, 8 st, 1 fly", launch_tma<64, 128, 8, 1>},
+    {"TMA BN 64, BM 128, 8 st, 1 fly, CS 2", launch_tma<64, 128, 8, 1, 2>},
+    {"TMA BN 64, BM 128, 8 st, 1 fly, CS 4", launch_tma<64, 128, 8, 1, 4>},
+    {"TMA BN 32, BM 128, 8 st, 1 fly, CS 4", launch_tma<32, 128, 8, 1, 4>},
+    {"TMA BN 80, BM 128, 8 st, 1 fly, CS 4", launch_tma<80, 128, 8, 1, 4>},
 };
 
 struct Shape {
@@ -264,7 +482,7 @@ int check() {
             }
             const bool ok = worst < 1e-2;
             all_ok = all_ok && ok;
-            std::printf("check %-8s %-36s largest error %.2e of the largest output: %s\n", shape.name, config.name, worst,
+            std::printf("check %-8s %-40s largest error %.2e of the largest output: %s\n", shape.name, config.name, worst,
                         ok ? "ok" : "WRONG");
         }
         CHECK_CUDA(cudaFree(a));
@@ -295,7 +513,7 @@ void time_all() {
                 },
                 20);
             const double microseconds = milliseconds * 1e3 / layers;
-            std::printf("time %-8s %-36s %6.2f us per product, %4.0f TFLOP/s\n", shape.name, config.name, microseconds,
+            std::printf("time %-8s %-40s %6.2f us per product, %4.0f TFLOP/s\n", shape.name, config.name, microseconds,
                         flops / microseconds * 1e-6);
         }
         CHECK_CUDA(cudaFree(a));
