@@ -20,7 +20,7 @@
 //
 // Answer (one H200, 2026-12-04, docs/benchmarks.md sixteenth round): all correct, none faster than cuBLAS. Best:
 // gate/up 13.3 us (TMA, BN 80, BM 256; cuBLAS 10.8), q/k/v and o 6.5 us (TMA, BN 64, BM 128; cuBLAS 5.3 and 4.8).
-// Multicast clusters of 2-4 made every shape slower (8-26 us).
+// Multicast clusters of 2-4 made every shape slower (7-36 us).
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
