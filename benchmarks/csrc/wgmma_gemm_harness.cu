@@ -16,11 +16,13 @@
 // - `wgmma_gemm`: every thread loads with cp.async (zero fill past N), STAGES blocks in flight, a CTA barrier per
 //   block before a stage is refilled.
 // - `tma_gemm`: a producer warpgroup (one thread issues the copies) and full/empty mbarriers per stage; with CS > 1
-//   the CTAs of a cluster of CS along N each load a slice of the A tile and multicast it to all of them.
+//   the CTAs of a cluster of CS along N each load a slice of the A tile and multicast it to all of them; with
+//   EPILOGUE_STAGED the output tile goes through shared memory and leaves in 16-byte row chunks.
 //
-// Answer (one H200, 2026-12-04, docs/benchmarks.md sixteenth round): all correct, none faster than cuBLAS. Best:
-// gate/up 13.3 us (TMA, BN 80, BM 256; cuBLAS 10.8), q/k/v and o 6.5 us (TMA, BN 64, BM 128; cuBLAS 5.3 and 4.8).
-// Multicast clusters of 2-4 made every shape slower (7-36 us).
+// Answer (one H200, 2026-12-04, docs/benchmarks.md sixteenth round): all correct. With the staged epilogue the TMA
+// kernel matches cuBLAS on gate/up (10.7 us, BN 80, BM 256; cuBLAS 10.8) and comes within 0.3-0.7 us on q/k/v and
+// o (5.5 us, BN 32, BM 128; cuBLAS 5.3 and 4.8). The epilogue written straight from the accumulator layout cost
+// ~5.5 us of gate/up's 13.6; staged, ~3 us. Multicast clusters did not help (7-36 us; 12.2 us staged).
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -233,7 +235,7 @@ __device__ __forceinline__ void tma_load_2d(uint32_t destination, const CUtensor
 }
 
 // A consumer warpgroup: its 128 rows of the CTA's tile, block by block as the stages fill, then the epilogue.
-template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS>
+template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS, int PART, bool EPILOGUE_STAGED>
 __device__ __forceinline__ void consume(uint32_t base, uint32_t full, uint32_t empty, __nv_bfloat16* __restrict__ c,
                                         int m, int n, int k, int m0, int n0, int num_blocks) {
     constexpr int kABytes = BM * 128, kStageBytes = kABytes + BN * 128;
@@ -247,17 +249,19 @@ __device__ __forceinline__ void consume(uint32_t base, uint32_t full, uint32_t e
         const int stage = block % STAGES;
         barrier_wait(full + stage * 8, (block / STAGES) & 1);
         const uint32_t tile_a = base + stage * kStageBytes, tile_b = tile_a + kABytes;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        if constexpr (PART != 1) {
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (int step = 0; step < 4; ++step) {
-            const uint64_t desc_b = smem_descriptor(tile_b + step * 32);
+            for (int step = 0; step < 4; ++step) {
+                const uint64_t desc_b = smem_descriptor(tile_b + step * 32);
 #pragma unroll
-            for (int half = 0; half < 2; ++half)
-                wgmma_tile<BN>(accumulators[half],
-                               smem_descriptor(tile_a + (warpgroup * 128 + half * 64) * 128 + step * 32), desc_b);
+                for (int half = 0; half < 2; ++half)
+                    wgmma_tile<BN>(accumulators[half],
+                                   smem_descriptor(tile_a + (warpgroup * 128 + half * 64) * 128 + step * 32), desc_b);
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(IN_FLIGHT) : "memory");
         }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(IN_FLIGHT) : "memory");
         const int done = block - IN_FLIGHT;  // the block whose group has finished: its stage is free
         if (done >= 0 && thread % 128 == 0) {
             const uint32_t barrier = empty + (done % STAGES) * 8;
@@ -276,6 +280,45 @@ __device__ __forceinline__ void consume(uint32_t base, uint32_t full, uint32_t e
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 
+    // The epilogue goes through shared memory: each warpgroup writes its 128 x BN tile there (rows padded by 16
+    // bytes, so the accumulator layout's 4-byte writes hit 32 distinct banks), then stores whole 16-byte chunks of
+    // each row. Written straight from the accumulator layout, 4-byte stores of 8 rows at a time, it cost ~5.5 us of
+    // a 7.6 us single-block launch on gate/up (this harness, PART 1 and 2 at K 64).
+    if constexpr (EPILOGUE_STAGED) {
+        constexpr int kPitch = BN * 2 + 16;
+        static_assert(BM * kPitch <= STAGES * kStageBytes, "the staged tile fits in the ring");
+        // Every consumer is past its last block (a slower warpgroup may still read the ring), then the ring is free.
+        asm volatile("bar.sync 1, %0;\n" ::"n"(BM) : "memory");
+        const uint32_t staged = base + warpgroup * 128 * kPitch;
+        const int warp = (thread % 128) / 32, lane = thread % 32, g = lane / 4, q = lane % 4;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = half * 64 + warp * 16 + g;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const float* values = &accumulators[half][j * 4];
+                const __nv_bfloat162 top = __floats2bfloat162_rn(values[0], values[1]);
+                const __nv_bfloat162 bottom = __floats2bfloat162_rn(values[2], values[3]);
+                const uint32_t address = staged + row * kPitch + (j * 8 + q * 2) * 2;
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(*reinterpret_cast<const uint32_t*>(&top)));
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address + 8 * kPitch),
+                             "r"(*reinterpret_cast<const uint32_t*>(&bottom)));
+            }
+        }
+        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + warpgroup) : "memory");  // this warpgroup's tile is staged
+        constexpr int kChunks = BN / 8;  // 16-byte chunks per row
+        for (int index = thread % 128; index < 128 * kChunks; index += 128) {
+            const int row = index / kChunks, chunk = index % kChunks;
+            const int global_row = m0 + warpgroup * 128 + row, column = n0 + chunk * 8;
+            if (global_row >= m || column >= n) continue;
+            uint4 value;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w)
+                         : "r"(staged + row * kPitch + chunk * 16));
+            *reinterpret_cast<uint4*>(c + static_cast<size_t>(global_row) * n + column) = value;
+        }
+        return;
+    }
     const int warp = (thread % 128) / 32, lane = thread % 32, g = lane / 4, q = lane % 4;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -295,7 +338,11 @@ __device__ __forceinline__ void consume(uint32_t base, uint32_t full, uint32_t e
     }
 }
 
-template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS>
+// PART: 0 the product; 1 the loads alone (consumers release stages unread); 2 the products alone (no copies, the
+// stages' stale contents multiplied); 4 the launch alone (the barriers initialised, nothing else). 1, 2 and 4
+// only split the time; their outputs are not the product. (Products without the epilogue's stores cannot be timed:
+// ptxas drops the wgmmas whose results are unused.)
+template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS, int PART = 0, bool EPILOGUE_STAGED = false>
 __global__ void __launch_bounds__(BM + 128) tma_gemm(const __grid_constant__ CUtensorMap map_a,
                                                     const __grid_constant__ CUtensorMap map_w,
                                                     __nv_bfloat16* __restrict__ c, int m, int n, int k) {
@@ -322,12 +369,17 @@ __global__ void __launch_bounds__(BM + 128) tma_gemm(const __grid_constant__ CUt
         asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
     }
 
+    if constexpr (PART == 4) return;
     if (warpgroup == kConsumers) {  // the producer
         if (thread % 128 == 0) {
             for (int block = 0; block < num_blocks; ++block) {
                 const int stage = block % STAGES;
                 if (block >= STAGES) barrier_wait(empty + stage * 8, ((block / STAGES) & 1) ^ 1);
                 const uint32_t tile_a = base + stage * kStageBytes;
+                if constexpr (PART == 2) {
+                    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(full + stage * 8) : "memory");
+                    continue;
+                }
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full + stage * 8),
                              "r"(kStageBytes)
                              : "memory");
@@ -346,7 +398,7 @@ __global__ void __launch_bounds__(BM + 128) tma_gemm(const __grid_constant__ CUt
             }
         }
     } else {
-        consume<BN, BM, STAGES, IN_FLIGHT, CS>(base, full, empty, c, m, n, k, m0, n0, num_blocks);
+        consume<BN, BM, STAGES, IN_FLIGHT, CS, PART, EPILOGUE_STAGED>(base, full, empty, c, m, n, k, m0, n0, num_blocks);
     }
     if constexpr (CS > 1) {  // no CTA leaves while another may still arrive on its barriers
         asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
@@ -381,11 +433,11 @@ CUtensorMap tensor_map(const __nv_bfloat16* matrix, int rows, int k, int box_row
     return map;
 }
 
-template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS = 1>
+template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS = 1, int PART = 0, bool EPILOGUE_STAGED = false>
 void launch_tma(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, int m, int n, int k,
                 cudaStream_t stream) {
     constexpr int kShared = STAGES * (BM + BN) * 128 + 1024 + STAGES * 16;
-    auto kernel = tma_gemm<BN, BM, STAGES, IN_FLIGHT, CS>;
+    auto kernel = tma_gemm<BN, BM, STAGES, IN_FLIGHT, CS, PART, EPILOGUE_STAGED>;
     static bool configured = false;
     if (!configured) {
         CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared));
@@ -412,6 +464,7 @@ void launch_tma(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c
 struct Config {
     const char* name;
     void (*launch)(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int, cudaStream_t);
+    bool timing_only = false;  // a part of a product (PART 1 or 2): timed, not checked
 };
 
 template <int BN, int BM, int STAGES, bool FENCE = true, int IN_FLIGHT = 0>
@@ -432,24 +485,29 @@ void launch_gemm(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* 
 
 const Config kConfigs[] = {
     {"cp.async BN 80, BM 256, 5 st, 1 fly", launch_gemm<80, 256, 5, true, 1>},
-    {"cp.async BN 64, BM 128, 6 st, 1 fly", launch_gemm<64, 128, 6, true, 1>},
     {"TMA BN 80, BM 256, 5 st, 1 fly", launch_tma<80, 256, 5, 1>},
-    {"TMA BN 80, BM 256, 5 st, 1 fly, CS 2", launch_tma<80, 256, 5, 1, 2>},
-    {"TMA BN 80, BM 256, 5 st, 1 fly, CS 4", launch_tma<80, 256, 5, 1, 4>},
-    {"TMA BN 64, BM 256, 5 st, 1 fly, CS 4", launch_tma<64, 256, 5, 1, 4>},
-    {"TMA BN 128, BM 256, 4 st, 1 fly, CS 4", launch_tma<128, 256, 4, 1, 4>},
+    {"  its loads alone", launch_tma<80, 256, 5, 1, 1, 1>, true},
+    {"  its products alone", launch_tma<80, 256, 5, 1, 1, 2>, true},
+    {"  its launch alone", launch_tma<80, 256, 5, 1, 1, 4>, true},
+    {"  staged epilogue", launch_tma<80, 256, 5, 1, 1, 0, true>},
+    {"  staged epilogue, loads alone", launch_tma<80, 256, 5, 1, 1, 1, true>, true},
+    {"TMA BN 128, BM 256, 4 st, 1 fly, staged", launch_tma<128, 256, 4, 1, 1, 0, true>},
+    {"TMA BN 64, BM 256, 5 st, 1 fly, staged", launch_tma<64, 256, 5, 1, 1, 0, true>},
+    {"TMA BN 96, BM 256, 5 st, 1 fly, staged", launch_tma<96, 256, 5, 1, 1, 0, true>},
     {"TMA BN 64, BM 128, 8 st, 1 fly", launch_tma<64, 128, 8, 1>},
-    {"TMA BN 64, BM 128, 8 st, 1 fly, CS 2", launch_tma<64, 128, 8, 1, 2>},
-    {"TMA BN 64, BM 128, 8 st, 1 fly, CS 4", launch_tma<64, 128, 8, 1, 4>},
-    {"TMA BN 32, BM 128, 8 st, 1 fly, CS 4", launch_tma<32, 128, 8, 1, 4>},
-    {"TMA BN 80, BM 128, 8 st, 1 fly, CS 4", launch_tma<80, 128, 8, 1, 4>},
+    {"  staged epilogue", launch_tma<64, 128, 8, 1, 1, 0, true>},
+    {"TMA BN 32, BM 128, 8 st, 1 fly, staged", launch_tma<32, 128, 8, 1, 1, 0, true>},
+    {"TMA BN 80, BM 128, 8 st, 1 fly, staged", launch_tma<80, 128, 8, 1, 1, 0, true>},
+    {"TMA BN 64, BM 128, 8 st, 1 fly, CS 2, staged", launch_tma<64, 128, 8, 1, 2, 0, true>},
+    {"TMA BN 80, BM 256, 5 st, 1 fly, CS 2, staged", launch_tma<80, 256, 5, 1, 2, 0, true>},
 };
 
 struct Shape {
     const char* name;
     int n, k;
 };
-const Shape kShapes[] = {{"gate/up", 9728, 896}, {"q/k/v", 1152, 896}, {"o", 896, 896}};
+// "K 64": gate/up with one block of K, the kernel's cost before and after its loop (launch, first copies, epilogue).
+const Shape kShapes[] = {{"gate/up", 9728, 896}, {"q/k/v", 1152, 896}, {"o", 896, 896}, {"K 64", 9728, 64}};
 
 int check() {
     const int m = 256;
@@ -470,6 +528,7 @@ int check() {
         float largest = 0.0f;
         for (float value : expected) largest = std::fmax(largest, std::fabs(value));
         for (const Config& config : kConfigs) {
+            if (config.timing_only) continue;
             CHECK_CUDA(cudaMemset(c, 0xFF, sizeof(__nv_bfloat16) * m * shape.n));  // NaN: an unwritten output shows
             config.launch(a, w, c, m, shape.n, shape.k, 0);
             CHECK_CUDA(cudaDeviceSynchronize());
