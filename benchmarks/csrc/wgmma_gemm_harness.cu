@@ -5,7 +5,7 @@
 //
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I benchmarks/csrc \
 //        -o .devbuild/wgmma_gemm_harness benchmarks/csrc/wgmma_gemm_harness.cu
-//   .devbuild/wgmma_gemm_harness check   # every configuration against an fp32 reference on the device
+//   .devbuild/wgmma_gemm_harness check   # every configuration against an fp32 reference on the device (SwiGLU too)
 //   .devbuild/wgmma_gemm_harness time    # us per product over 24 distinct weights in one CUDA graph
 //
 // Two kernels, both with BM rows (128 or 256: one consumer warpgroup of 128 threads per 128 rows, two m64 products
@@ -17,12 +17,14 @@
 //   block before a stage is refilled.
 // - `tma_gemm`: a producer warpgroup (one thread issues the copies) and full/empty mbarriers per stage; with CS > 1
 //   the CTAs of a cluster of CS along N each load a slice of the A tile and multicast it to all of them; with
-//   EPILOGUE_STAGED the output tile goes through shared memory and leaves in 16-byte row chunks.
+//   a staged EPILOGUE the output tile goes through shared memory and leaves in 16-byte row chunks, optionally as
+//   SiLU(gate) x up of a tile whose B rows are half gate, half up (`check` and `time` cover it as "SwiGLU").
 //
 // Answer (one H200, 2026-12-04, docs/benchmarks.md sixteenth round): all correct. With the staged epilogue the TMA
 // kernel matches cuBLAS on gate/up (10.7 us, BN 80, BM 256; cuBLAS 10.8) and comes within 0.3-0.7 us on q/k/v and
 // o (5.5 us, BN 32, BM 128; cuBLAS 5.3 and 4.8). The epilogue written straight from the accumulator layout cost
-// ~5.5 us of gate/up's 13.6; staged, ~3 us. Multicast clusters did not help (7-36 us; 12.2 us staged).
+// ~5.5 us of gate/up's 13.6; staged, ~3 us. Multicast clusters did not help (7-36 us; 12.2 us staged). SiLU x up
+// in gate/up's epilogue: 13.3 us against 10.8 + ~3.2 us for the two kernels it would replace.
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -234,8 +236,21 @@ __device__ __forceinline__ void tma_load_2d(uint32_t destination, const CUtensor
         : "memory");
 }
 
+// The epilogues: bf16 pairs stored straight from the accumulator layout; the tile staged through shared memory
+// and stored in 16-byte row chunks; staged, with SiLU(gate) x up computed first (the B tile's first BN / 2 rows are
+// gate rows, the rest the matching up rows, so a thread holds both halves of its outputs).
+constexpr int kDirect = 0, kStaged = 1, kStagedSwiglu = 2;
+
+// Row pitch in 4-byte words of a staged tile `columns` wide: a multiple of 4 (16-byte chunks stay aligned) that is 4
+// mod 8, so the 8 rows x 4 lanes of an accumulator write land in 32 distinct banks.
+__host__ __device__ constexpr int staged_pitch_words(int columns) {
+    int words = columns / 2 + 4;
+    while (words % 8 != 4) words += 4;
+    return words;
+}
+
 // A consumer warpgroup: its 128 rows of the CTA's tile, block by block as the stages fill, then the epilogue.
-template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS, int PART, bool EPILOGUE_STAGED>
+template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS, int PART, int EPILOGUE>
 __device__ __forceinline__ void consume(uint32_t base, uint32_t full, uint32_t empty, __nv_bfloat16* __restrict__ c,
                                         int m, int n, int k, int m0, int n0, int num_blocks) {
     constexpr int kABytes = BM * 128, kStageBytes = kABytes + BN * 128;
@@ -284,8 +299,9 @@ __device__ __forceinline__ void consume(uint32_t base, uint32_t full, uint32_t e
     // bytes, so the accumulator layout's 4-byte writes hit 32 distinct banks), then stores whole 16-byte chunks of
     // each row. Written straight from the accumulator layout, 4-byte stores of 8 rows at a time, it cost ~5.5 us of
     // a 7.6 us single-block launch on gate/up (this harness, PART 1 and 2 at K 64).
-    if constexpr (EPILOGUE_STAGED) {
-        constexpr int kPitch = BN * 2 + 16;
+    if constexpr (EPILOGUE != kDirect) {
+        constexpr int kColumns = EPILOGUE == kStagedSwiglu ? BN / 2 : BN;
+        constexpr int kPitch = staged_pitch_words(kColumns) * 4;
         static_assert(BM * kPitch <= STAGES * kStageBytes, "the staged tile fits in the ring");
         // Every consumer is past its last block (a slower warpgroup may still read the ring), then the ring is free.
         asm volatile("bar.sync 1, %0;\n" ::"n"(BM) : "memory");
@@ -295,8 +311,17 @@ __device__ __forceinline__ void consume(uint32_t base, uint32_t full, uint32_t e
         for (int half = 0; half < 2; ++half) {
             const int row = half * 64 + warp * 16 + g;
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-                const float* values = &accumulators[half][j * 4];
+            for (int j = 0; j < kColumns / 8; ++j) {
+                float values[4];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    values[r] = accumulators[half][j * 4 + r];
+                    if constexpr (EPILOGUE == kStagedSwiglu) {  // both rounded to bf16 first, as the product's output
+                        const float gate = __bfloat162float(__float2bfloat16(values[r]));
+                        const float up = __bfloat162float(__float2bfloat16(accumulators[half][(j + BN / 16) * 4 + r]));
+                        values[r] = gate / (1.0f + __expf(-gate)) * up;
+                    }
+                }
                 const __nv_bfloat162 top = __floats2bfloat162_rn(values[0], values[1]);
                 const __nv_bfloat162 bottom = __floats2bfloat162_rn(values[2], values[3]);
                 const uint32_t address = staged + row * kPitch + (j * 8 + q * 2) * 2;
@@ -306,7 +331,7 @@ __device__ __forceinline__ void consume(uint32_t base, uint32_t full, uint32_t e
             }
         }
         asm volatile("bar.sync %0, 128;\n" ::"r"(2 + warpgroup) : "memory");  // this warpgroup's tile is staged
-        constexpr int kChunks = BN / 8;  // 16-byte chunks per row
+        constexpr int kChunks = kColumns / 8;  // 16-byte chunks per row
         for (int index = thread % 128; index < 128 * kChunks; index += 128) {
             const int row = index / kChunks, chunk = index % kChunks;
             const int global_row = m0 + warpgroup * 128 + row, column = n0 + chunk * 8;
@@ -342,18 +367,21 @@ __device__ __forceinline__ void consume(uint32_t base, uint32_t full, uint32_t e
 // stages' stale contents multiplied); 4 the launch alone (the barriers initialised, nothing else). 1, 2 and 4
 // only split the time; their outputs are not the product. (Products without the epilogue's stores cannot be timed:
 // ptxas drops the wgmmas whose results are unused.)
-template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS, int PART = 0, bool EPILOGUE_STAGED = false>
+template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS, int PART = 0, int EPILOGUE = kDirect>
 __global__ void __launch_bounds__(BM + 128) tma_gemm(const __grid_constant__ CUtensorMap map_a,
                                                     const __grid_constant__ CUtensorMap map_w,
                                                     __nv_bfloat16* __restrict__ c, int m, int n, int k) {
     constexpr int kABytes = BM * 128, kBBytes = BN * 128, kStageBytes = kABytes + kBBytes;
     constexpr int kConsumers = BM / 128;
-    static_assert(kBBytes % 1024 == 0 && (BM / CS) % 8 == 0, "each tile and slice on a 1024-byte swizzle boundary");
+    static_assert(kBBytes % 1024 == 0 && (BM / CS) % 8 == 0 && (EPILOGUE != kStagedSwiglu || BN % 16 == 0),
+                  "each tile, slice and gate/up half on a 1024-byte swizzle boundary");
     extern __shared__ unsigned char shared_raw[];
     const uint32_t base = (shared_address(shared_raw) + 1023) & ~1023u;
     const uint32_t full = base + STAGES * kStageBytes, empty = full + STAGES * 8;
     const int thread = threadIdx.x, warpgroup = thread / 128;
-    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM, num_blocks = k / 64;
+    // With the SwiGLU epilogue n is the output's width (the weight has 2 n rows: gate, then up) and a CTA's tile
+    // covers BN / 2 output columns.
+    const int n0 = blockIdx.x * (EPILOGUE == kStagedSwiglu ? BN / 2 : BN), m0 = blockIdx.y * BM, num_blocks = k / 64;
     uint32_t rank = 0;
     if constexpr (CS > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
     if (thread == 0) {
@@ -394,11 +422,16 @@ __global__ void __launch_bounds__(BM + 128) tma_gemm(const __grid_constant__ CUt
                 } else {
                     tma_load_2d(tile_a, &map_a, block * 64, m0, full + stage * 8);
                 }
-                tma_load_2d(tile_a + kABytes, &map_w, block * 64, n0, full + stage * 8);
+                if constexpr (EPILOGUE == kStagedSwiglu) {
+                    tma_load_2d(tile_a + kABytes, &map_w, block * 64, n0, full + stage * 8);
+                    tma_load_2d(tile_a + kABytes + BN / 2 * 128, &map_w, block * 64, n + n0, full + stage * 8);
+                } else {
+                    tma_load_2d(tile_a + kABytes, &map_w, block * 64, n0, full + stage * 8);
+                }
             }
         }
     } else {
-        consume<BN, BM, STAGES, IN_FLIGHT, CS, PART, EPILOGUE_STAGED>(base, full, empty, c, m, n, k, m0, n0, num_blocks);
+        consume<BN, BM, STAGES, IN_FLIGHT, CS, PART, EPILOGUE>(base, full, empty, c, m, n, k, m0, n0, num_blocks);
     }
     if constexpr (CS > 1) {  // no CTA leaves while another may still arrive on its barriers
         asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
@@ -433,19 +466,21 @@ CUtensorMap tensor_map(const __nv_bfloat16* matrix, int rows, int k, int box_row
     return map;
 }
 
-template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS = 1, int PART = 0, bool EPILOGUE_STAGED = false>
+template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS = 1, int PART = 0, int EPILOGUE = kDirect>
 void launch_tma(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, int m, int n, int k,
                 cudaStream_t stream) {
     constexpr int kShared = STAGES * (BM + BN) * 128 + 1024 + STAGES * 16;
-    auto kernel = tma_gemm<BN, BM, STAGES, IN_FLIGHT, CS, PART, EPILOGUE_STAGED>;
+    auto kernel = tma_gemm<BN, BM, STAGES, IN_FLIGHT, CS, PART, EPILOGUE>;
     static bool configured = false;
     if (!configured) {
         CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared));
         if (CS > 1) CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
         configured = true;
     }
-    const CUtensorMap map_a = tensor_map(a, m, k, BM / CS), map_w = tensor_map(w, n, k, BN);
-    const int column_tiles = (n + BN - 1) / BN;
+    constexpr bool kSwiglu = EPILOGUE == kStagedSwiglu;
+    const CUtensorMap map_a = tensor_map(a, m, k, BM / CS),
+                      map_w = tensor_map(w, kSwiglu ? 2 * n : n, k, kSwiglu ? BN / 2 : BN);
+    const int tile_columns = kSwiglu ? BN / 2 : BN, column_tiles = (n + tile_columns - 1) / tile_columns;
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3((column_tiles + CS - 1) / CS * CS, (m + BM - 1) / BM);  // whole clusters: spare CTAs
     config.blockDim = dim3(BM + 128);                                              // compute zeros, store nothing
@@ -489,17 +524,17 @@ const Config kConfigs[] = {
     {"  its loads alone", launch_tma<80, 256, 5, 1, 1, 1>, true},
     {"  its products alone", launch_tma<80, 256, 5, 1, 1, 2>, true},
     {"  its launch alone", launch_tma<80, 256, 5, 1, 1, 4>, true},
-    {"  staged epilogue", launch_tma<80, 256, 5, 1, 1, 0, true>},
-    {"  staged epilogue, loads alone", launch_tma<80, 256, 5, 1, 1, 1, true>, true},
-    {"TMA BN 128, BM 256, 4 st, 1 fly, staged", launch_tma<128, 256, 4, 1, 1, 0, true>},
-    {"TMA BN 64, BM 256, 5 st, 1 fly, staged", launch_tma<64, 256, 5, 1, 1, 0, true>},
-    {"TMA BN 96, BM 256, 5 st, 1 fly, staged", launch_tma<96, 256, 5, 1, 1, 0, true>},
+    {"  staged epilogue", launch_tma<80, 256, 5, 1, 1, 0, kStaged>},
+    {"  staged epilogue, loads alone", launch_tma<80, 256, 5, 1, 1, 1, kStaged>, true},
+    {"TMA BN 128, BM 256, 4 st, 1 fly, staged", launch_tma<128, 256, 4, 1, 1, 0, kStaged>},
+    {"TMA BN 64, BM 256, 5 st, 1 fly, staged", launch_tma<64, 256, 5, 1, 1, 0, kStaged>},
+    {"TMA BN 96, BM 256, 5 st, 1 fly, staged", launch_tma<96, 256, 5, 1, 1, 0, kStaged>},
     {"TMA BN 64, BM 128, 8 st, 1 fly", launch_tma<64, 128, 8, 1>},
-    {"  staged epilogue", launch_tma<64, 128, 8, 1, 1, 0, true>},
-    {"TMA BN 32, BM 128, 8 st, 1 fly, staged", launch_tma<32, 128, 8, 1, 1, 0, true>},
-    {"TMA BN 80, BM 128, 8 st, 1 fly, staged", launch_tma<80, 128, 8, 1, 1, 0, true>},
-    {"TMA BN 64, BM 128, 8 st, 1 fly, CS 2, staged", launch_tma<64, 128, 8, 1, 2, 0, true>},
-    {"TMA BN 80, BM 256, 5 st, 1 fly, CS 2, staged", launch_tma<80, 256, 5, 1, 2, 0, true>},
+    {"  staged epilogue", launch_tma<64, 128, 8, 1, 1, 0, kStaged>},
+    {"TMA BN 32, BM 128, 8 st, 1 fly, staged", launch_tma<32, 128, 8, 1, 1, 0, kStaged>},
+    {"TMA BN 80, BM 128, 8 st, 1 fly, staged", launch_tma<80, 128, 8, 1, 1, 0, kStaged>},
+    {"TMA BN 64, BM 128, 8 st, 1 fly, CS 2, staged", launch_tma<64, 128, 8, 1, 2, 0, kStaged>},
+    {"TMA BN 80, BM 256, 5 st, 1 fly, CS 2, staged", launch_tma<80, 256, 5, 1, 2, 0, kStaged>},
 };
 
 struct Shape {
@@ -581,11 +616,92 @@ void time_all() {
     }
 }
 
+// gate/up with SiLU(gate) x up in the epilogue: the output is (M, inter), the weight (2 inter, K).
+const Config kSwigluConfigs[] = {
+    {"TMA BN 80, BM 256, 5 st, 1 fly, SwiGLU", launch_tma<80, 256, 5, 1, 1, 0, kStagedSwiglu>},
+    {"TMA BN 96, BM 256, 5 st, 1 fly, SwiGLU", launch_tma<96, 256, 5, 1, 1, 0, kStagedSwiglu>},
+    {"TMA BN 128, BM 256, 4 st, 1 fly, SwiGLU", launch_tma<128, 256, 4, 1, 1, 0, kStagedSwiglu>},
+    {"TMA BN 80, BM 128, 8 st, 1 fly, SwiGLU", launch_tma<80, 128, 8, 1, 1, 0, kStagedSwiglu>},
+};
+
+int check_swiglu() {
+    const int m = 256, inter = 4864, k = 896;
+    __nv_bfloat16 *a, *w, *c;
+    float* reference;
+    CHECK_CUDA(cudaMalloc(&a, sizeof(__nv_bfloat16) * m * k));
+    CHECK_CUDA(cudaMalloc(&w, sizeof(__nv_bfloat16) * 2 * inter * k));
+    CHECK_CUDA(cudaMalloc(&c, sizeof(__nv_bfloat16) * m * inter));
+    CHECK_CUDA(cudaMalloc(&reference, sizeof(float) * m * 2 * inter));
+    fill_random<<<512, 256>>>(a, static_cast<size_t>(m) * k, 1, 2.0f);
+    fill_random<<<512, 256>>>(w, static_cast<size_t>(2) * inter * k, 2, 0.1f);
+    reference_gemm<<<dim3((2 * inter + 127) / 128, m), 128>>>(a, w, reference, m, 2 * inter, k);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<float> products(static_cast<size_t>(m) * 2 * inter), expected(static_cast<size_t>(m) * inter);
+    CHECK_CUDA(cudaMemcpy(products.data(), reference, sizeof(float) * products.size(), cudaMemcpyDeviceToHost));
+    float largest = 0.0f;
+    for (int row = 0; row < m; ++row)
+        for (int column = 0; column < inter; ++column) {  // the composition's rounding: bf16 products, fp32 SiLU x up
+            const float gate = __bfloat162float(__float2bfloat16(products[static_cast<size_t>(row) * 2 * inter + column]));
+            const float up =
+                __bfloat162float(__float2bfloat16(products[static_cast<size_t>(row) * 2 * inter + inter + column]));
+            const float value = gate / (1.0f + std::exp(-gate)) * up;
+            expected[static_cast<size_t>(row) * inter + column] = value;
+            largest = std::fmax(largest, std::fabs(value));
+        }
+    bool all_ok = true;
+    for (const Config& config : kSwigluConfigs) {
+        CHECK_CUDA(cudaMemset(c, 0xFF, sizeof(__nv_bfloat16) * m * inter));
+        config.launch(a, w, c, m, inter, k, 0);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        std::vector<__nv_bfloat16> result(expected.size());
+        CHECK_CUDA(cudaMemcpy(result.data(), c, sizeof(__nv_bfloat16) * result.size(), cudaMemcpyDeviceToHost));
+        double worst = 0.0;
+        for (size_t i = 0; i < result.size(); ++i) {
+            const double error = std::fabs(__bfloat162float(result[i]) - expected[i]) / largest;
+            worst = std::isnan(error) ? INFINITY : std::fmax(worst, error);
+        }
+        const bool ok = worst < 1e-2;
+        all_ok = all_ok && ok;
+        std::printf("check %-8s %-40s largest error %.2e of the largest output: %s\n", "SwiGLU", config.name, worst,
+                    ok ? "ok" : "WRONG");
+    }
+    CHECK_CUDA(cudaFree(a));
+    CHECK_CUDA(cudaFree(w));
+    CHECK_CUDA(cudaFree(c));
+    CHECK_CUDA(cudaFree(reference));
+    return all_ok ? 0 : 1;
+}
+
+void time_swiglu() {
+    const int m = 256, inter = 4864, k = 896, layers = 24;
+    __nv_bfloat16 *a, *w, *c;
+    CHECK_CUDA(cudaMalloc(&a, sizeof(__nv_bfloat16) * m * k));
+    CHECK_CUDA(cudaMalloc(&w, sizeof(__nv_bfloat16) * layers * 2 * inter * k));
+    CHECK_CUDA(cudaMalloc(&c, sizeof(__nv_bfloat16) * layers * m * inter));
+    fill_random<<<512, 256>>>(a, static_cast<size_t>(m) * k, 1, 2.0f);
+    fill_random<<<512, 256>>>(w, static_cast<size_t>(layers) * 2 * inter * k, 2, 0.1f);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    for (const Config& config : kSwigluConfigs) {
+        const double milliseconds = graph_median_ms(
+            [&](cudaStream_t stream) {
+                for (int layer = 0; layer < layers; ++layer)
+                    config.launch(a, w + static_cast<size_t>(layer) * 2 * inter * k,
+                                  c + static_cast<size_t>(layer) * m * inter, m, inter, k, stream);
+            },
+            20);
+        std::printf("time %-8s %-40s %6.2f us per product\n", "SwiGLU", config.name, milliseconds * 1e3 / layers);
+    }
+    CHECK_CUDA(cudaFree(a));
+    CHECK_CUDA(cudaFree(w));
+    CHECK_CUDA(cudaFree(c));
+}
+
 int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "check";
-    if (mode == "check") return check();
+    if (mode == "check") return check() | check_swiglu();
     if (mode == "time") {
         time_all();
+        time_swiglu();
         return 0;
     }
     std::fprintf(stderr, "usage: %s check | time\n", argv[0]);
