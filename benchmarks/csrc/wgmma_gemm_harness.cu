@@ -12,7 +12,7 @@
 // each) x BN columns per CTA and K in blocks of 64 (128 bytes of bf16, the 128-byte swizzle's row). Shared tiles
 // are laid out as a 128-byte-swizzle TMA box (row r's 16-byte chunk c at chunk c ^ (r % 8), tiles 1024-byte
 // aligned), so `wgmma` reads both operands K-major through shared-memory descriptors; a k16 step advances a
-// descriptor's start by 32 bytes.
+// descriptor's start by 32 bytes. Those building blocks are in hopper_gemm_primitives.cuh.
 // - `wgmma_gemm`: every thread loads with cp.async (zero fill past N), STAGES blocks in flight, a CTA barrier per
 //   block before a stage is refilled.
 // - `tma_gemm`: a producer warpgroup (one thread issues the copies) and full/empty mbarriers per stage; with CS > 1
@@ -39,73 +39,7 @@
 #include <vector>
 
 #include "harness_timing.cuh"
-
-// The wgmma wrappers below were generated (one per N; D += A x B, both operands K-major in shared memory).
-__device__ __forceinline__ void wgmma_m64n32k16(float* d, uint64_t desc_a, uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(desc_a), "l"(desc_b), "r"(1));
-}
-
-__device__ __forceinline__ void wgmma_m64n64k16(float* d, uint64_t desc_a, uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(1));
-}
-
-__device__ __forceinline__ void wgmma_m64n80k16(float* d, uint64_t desc_a, uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-        : "l"(desc_a), "l"(desc_b), "r"(1));
-}
-
-__device__ __forceinline__ void wgmma_m64n96k16(float* d, uint64_t desc_a, uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-        : "l"(desc_a), "l"(desc_b), "r"(1));
-}
-
-__device__ __forceinline__ void wgmma_m64n128k16(float* d, uint64_t desc_a, uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(1));
-}
-
-
-template <int BN>
-__device__ __forceinline__ void wgmma_tile(float* d, uint64_t desc_a, uint64_t desc_b) {
-    if constexpr (BN == 32) wgmma_m64n32k16(d, desc_a, desc_b);
-    else if constexpr (BN == 64) wgmma_m64n64k16(d, desc_a, desc_b);
-    else if constexpr (BN == 80) wgmma_m64n80k16(d, desc_a, desc_b);
-    else if constexpr (BN == 96) wgmma_m64n96k16(d, desc_a, desc_b);
-    else wgmma_m64n128k16(d, desc_a, desc_b);
-}
-
-__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
-
-// A K-major operand in the 128-byte swizzle: start address, leading byte offset 16 (unused by this layout),
-// stride byte offset 1024 (eight 128-byte rows), layout type 1 (128-byte swizzle) in bits 62-63.
-__device__ __forceinline__ uint64_t smem_descriptor(uint32_t address) {
-    return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (static_cast<uint64_t>(16 >> 4) << 16) |
-           (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void copy_16(uint32_t destination, const void* source, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(source),
-                 "r"(valid ? 16 : 0));
-}
+#include "hopper_gemm_primitives.cuh"
 
 // FENCE: the proxy fence between cp.async's writes and wgmma's reads (the PTX model asks for it; `nofence` times
 // what it costs). IN_FLIGHT: wgmma groups left running across the next block's barrier (0 or 1); a stage is
@@ -139,11 +73,7 @@ __global__ void __launch_bounds__(BM) wgmma_gemm(const __nv_bfloat16* __restrict
         }
     };
 
-    float accumulators[2][BN / 2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) accumulators[half][i] = 0.0f;
+    float accumulators[2][BN / 2] = {};
 
     constexpr int kAhead = STAGES - 1 - IN_FLIGHT;
     static_assert(kAhead >= 1, "at least one block loaded ahead");
@@ -160,39 +90,12 @@ __global__ void __launch_bounds__(BM) wgmma_gemm(const __nv_bfloat16* __restrict
         if (next < num_blocks) load_stage(next % STAGES, next);
         asm volatile("cp.async.commit_group;\n" ::);
         const uint32_t tile_a = base + (block % STAGES) * kStageBytes, tile_b = tile_a + kABytes;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int step = 0; step < 4; ++step) {
-            const uint64_t desc_b = smem_descriptor(tile_b + step * 32);
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-                wgmma_tile<BN>(accumulators[half],
-                               smem_descriptor(tile_a + (warpgroup * 128 + half * 64) * 128 + step * 32), desc_b);
-        }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        multiply_block<BN>(accumulators, tile_a, tile_b, warpgroup);
         asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(IN_FLIGHT) : "memory");
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 
-    // The accumulator layout of m64nN: per 8 columns, {(g, 2q), (g, 2q + 1), (g + 8, 2q), (g + 8, 2q + 1)} for
-    // lane 4g + q, warp w of the warpgroup adding 16 w rows.
-    const int warp = (thread % 128) / 32, lane = thread % 32, g = lane / 4, q = lane % 4;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int row = m0 + warpgroup * 128 + half * 64 + warp * 16 + g;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            const int column = n0 + j * 8 + q * 2;
-            if (column >= n) continue;
-            const float* values = &accumulators[half][j * 4];
-            if (row < m)
-                *reinterpret_cast<__nv_bfloat162*>(c + static_cast<size_t>(row) * n + column) =
-                    __floats2bfloat162_rn(values[0], values[1]);
-            if (row + 8 < m)
-                *reinterpret_cast<__nv_bfloat162*>(c + static_cast<size_t>(row + 8) * n + column) =
-                    __floats2bfloat162_rn(values[2], values[3]);
-        }
-    }
+    store_accumulators<BN>(accumulators, c, m, n, m0 + warpgroup * 128, n0);
 }
 
 __global__ void reference_gemm(const __nv_bfloat16* a, const __nv_bfloat16* w, float* c, int m, int n, int k) {
@@ -216,25 +119,6 @@ __global__ void fill_random(__nv_bfloat16* values, size_t count, uint32_t seed, 
 // The same product fed by the tensor-memory accelerator: one producer warpgroup (one thread of it issues the
 // copies) and BM / 128 consumer warpgroups, full/empty mbarriers per stage, the 128-byte swizzle written by TMA.
 // A consumer releases a stage once the wgmma group that read it is done (IN_FLIGHT groups may stay running).
-__device__ __forceinline__ void barrier_wait(uint32_t barrier, uint32_t phase) {
-    uint32_t done = 0;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(barrier), "r"(phase)
-            : "memory");
-    } while (!done);
-}
-
-__device__ __forceinline__ void tma_load_2d(uint32_t destination, const CUtensorMap* map, int inner, int outer,
-                                            uint32_t barrier) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
-            "r"(destination),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(inner), "r"(outer), "r"(barrier)
-        : "memory");
-}
 
 // The epilogues: bf16 pairs stored straight from the accumulator layout; the tile staged through shared memory
 // and stored in 16-byte row chunks; staged, with SiLU(gate) x up computed first (the B tile's first BN / 2 rows are
@@ -255,26 +139,13 @@ __device__ __forceinline__ void consume(uint32_t base, uint32_t full, uint32_t e
                                         int m, int n, int k, int m0, int n0, int num_blocks) {
     constexpr int kABytes = BM * 128, kStageBytes = kABytes + BN * 128;
     const int thread = threadIdx.x, warpgroup = thread / 128;
-    float accumulators[2][BN / 2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) accumulators[half][i] = 0.0f;
+    float accumulators[2][BN / 2] = {};
     for (int block = 0; block < num_blocks; ++block) {
         const int stage = block % STAGES;
         barrier_wait(full + stage * 8, (block / STAGES) & 1);
         const uint32_t tile_a = base + stage * kStageBytes, tile_b = tile_a + kABytes;
         if constexpr (PART != 1) {
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-            for (int step = 0; step < 4; ++step) {
-                const uint64_t desc_b = smem_descriptor(tile_b + step * 32);
-#pragma unroll
-                for (int half = 0; half < 2; ++half)
-                    wgmma_tile<BN>(accumulators[half],
-                                   smem_descriptor(tile_a + (warpgroup * 128 + half * 64) * 128 + step * 32), desc_b);
-            }
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            multiply_block<BN>(accumulators, tile_a, tile_b, warpgroup);
             asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(IN_FLIGHT) : "memory");
         }
         const int done = block - IN_FLIGHT;  // the block whose group has finished: its stage is free
@@ -344,23 +215,7 @@ __device__ __forceinline__ void consume(uint32_t base, uint32_t full, uint32_t e
         }
         return;
     }
-    const int warp = (thread % 128) / 32, lane = thread % 32, g = lane / 4, q = lane % 4;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int row = m0 + warpgroup * 128 + half * 64 + warp * 16 + g;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            const int column = n0 + j * 8 + q * 2;
-            if (column >= n) continue;
-            const float* values = &accumulators[half][j * 4];
-            if (row < m)
-                *reinterpret_cast<__nv_bfloat162*>(c + static_cast<size_t>(row) * n + column) =
-                    __floats2bfloat162_rn(values[0], values[1]);
-            if (row + 8 < m)
-                *reinterpret_cast<__nv_bfloat162*>(c + static_cast<size_t>(row + 8) * n + column) =
-                    __floats2bfloat162_rn(values[2], values[3]);
-        }
-    }
+    store_accumulators<BN>(accumulators, c, m, n, m0 + warpgroup * 128, n0);
 }
 
 // PART: 0 the product; 1 the loads alone (consumers release stages unread); 2 the products alone (no copies, the
@@ -438,34 +293,6 @@ __global__ void __launch_bounds__(BM + 128) tma_gemm(const __grid_constant__ CUt
     }
 }
 
-// A row-major (rows, k) bf16 matrix as TMA boxes of 64 columns x box_rows rows in the 128-byte swizzle.
-CUtensorMap tensor_map(const __nv_bfloat16* matrix, int rows, int k, int box_rows) {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-    if (encode == nullptr) {
-        cudaDriverEntryPointQueryResult found;
-        CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode),
-                                                    12000, cudaEnableDefault, &found));
-        if (found != cudaDriverEntryPointSuccess) {
-            std::fprintf(stderr, "cuTensorMapEncodeTiled not found\n");
-            std::exit(1);
-        }
-    }
-    CUtensorMap map;
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * sizeof(__nv_bfloat16)};
-    const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
-    const cuuint32_t element_strides[2] = {1, 1};
-    const CUresult status = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(matrix), dims,
-                                   strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (status != CUDA_SUCCESS) {
-        std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", static_cast<int>(status));
-        std::exit(1);
-    }
-    return map;
-}
-
 template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS = 1, int PART = 0, int EPILOGUE = kDirect>
 void launch_tma(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, int m, int n, int k,
                 cudaStream_t stream) {
@@ -537,6 +364,16 @@ const Config kConfigs[] = {
     {"TMA BN 80, BM 256, 5 st, 1 fly, CS 2, staged", launch_tma<80, 256, 5, 1, 2, 0, kStaged>},
 };
 
+// The largest |result - expected| relative to the largest expected magnitude; a NaN (an unwritten output) is infinite.
+double largest_error(const std::vector<__nv_bfloat16>& result, const std::vector<float>& expected, float largest) {
+    double worst = 0.0;
+    for (size_t i = 0; i < result.size(); ++i) {
+        const double error = std::fabs(__bfloat162float(result[i]) - expected[i]) / largest;
+        worst = std::isnan(error) ? INFINITY : std::fmax(worst, error);
+    }
+    return worst;
+}
+
 struct Shape {
     const char* name;
     int n, k;
@@ -569,11 +406,7 @@ int check() {
             CHECK_CUDA(cudaDeviceSynchronize());
             std::vector<__nv_bfloat16> result(expected.size());
             CHECK_CUDA(cudaMemcpy(result.data(), c, sizeof(__nv_bfloat16) * result.size(), cudaMemcpyDeviceToHost));
-            double worst = 0.0;
-            for (size_t i = 0; i < result.size(); ++i) {
-                const double error = std::fabs(__bfloat162float(result[i]) - expected[i]) / largest;
-                worst = std::isnan(error) ? INFINITY : std::fmax(worst, error);
-            }
+            const double worst = largest_error(result, expected, largest);
             const bool ok = worst < 1e-2;
             all_ok = all_ok && ok;
             std::printf("check %-8s %-40s largest error %.2e of the largest output: %s\n", shape.name, config.name, worst,
@@ -655,11 +488,7 @@ int check_swiglu() {
         CHECK_CUDA(cudaDeviceSynchronize());
         std::vector<__nv_bfloat16> result(expected.size());
         CHECK_CUDA(cudaMemcpy(result.data(), c, sizeof(__nv_bfloat16) * result.size(), cudaMemcpyDeviceToHost));
-        double worst = 0.0;
-        for (size_t i = 0; i < result.size(); ++i) {
-            const double error = std::fabs(__bfloat162float(result[i]) - expected[i]) / largest;
-            worst = std::isnan(error) ? INFINITY : std::fmax(worst, error);
-        }
+        const double worst = largest_error(result, expected, largest);
         const bool ok = worst < 1e-2;
         all_ok = all_ok && ok;
         std::printf("check %-8s %-40s largest error %.2e of the largest output: %s\n", "SwiGLU", config.name, worst,
