@@ -80,6 +80,55 @@ def folded_weights(model) -> list[dict]:
     return layers
 
 
+def engine_model(name: str):
+    """The engine's compiled layers at a Qwen2.5 size, random weights, with norms that are not all ones (so a fold
+    that dropped them would show in the error)."""
+    model = random_model(qwen2_config(name), torch.bfloat16, "cuda")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.input_layernorm.weight.normal_(1.0, 0.2)
+            layer.post_attention_layernorm.weight.normal_(1.0, 0.2)
+    fuse_projections(model.model)
+    compile_decoder_layers(model)
+    return model
+
+
+class FoldedLayers:
+    """The model's layers with each norm folded into the product after it, the stream updated in place."""
+
+    def __init__(self, model, source: torch.Tensor) -> None:
+        config = model.config
+        self.weights = folded_weights(model)
+        self.eps, self.heads_width = config.rms_norm_eps, config.num_attention_heads * config.head_dim
+        self.source = source
+        self.state, self.mixed = torch.empty_like(source), torch.empty_like(source)
+        self.scale_bias = torch.compile(scale_and_bias, fullgraph=True, dynamic=True)
+        self.scaled_swiglu = torch.compile(folded_swiglu, fullgraph=True, dynamic=True)
+        self.plain_swiglu = torch.compile(plain_swiglu, fullgraph=True, dynamic=True)
+
+    def __call__(self, into_attention: bool, scaled_swiglu: bool = True, residual: bool = True) -> torch.Tensor:
+        """`scaled_swiglu` False (SiLU x up without r) and `residual` False (o and down as plain products, the
+        stream not updated) compute something else: they only split the folded layer's time into its parts."""
+        state, mixed, eps = self.state, self.mixed, self.eps
+        state.copy_(self.source)  # the stream is updated in place; every replay starts from the same values
+        for weights in self.weights:
+            qkv = F.linear(state, weights["qkv"])
+            if not into_attention:
+                qkv = self.scale_bias(qkv, state, weights["bias"], eps)
+            attended = qkv[:, :self.heads_width]
+            if residual:
+                state.addmm_(attended, weights["o_t"])
+            else:
+                torch.mm(attended, weights["o_t"], out=mixed)
+            gate_up = F.linear(state if residual else mixed, weights["gate_up"])
+            activation = self.scaled_swiglu(gate_up, state, eps) if scaled_swiglu else self.plain_swiglu(gate_up)
+            if residual:
+                state.addmm_(activation, weights["down_t"])
+            else:
+                torch.mm(activation, weights["down_t"], out=mixed)
+        return state
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen2.5-0.5b")
@@ -89,22 +138,11 @@ def main() -> None:
                         help="Inductor tunes each generated kernel's block sizes and warps at compile time")
     args = parser.parse_args()
     torch._inductor.config.coordinate_descent_tuning = args.coordinate_descent
-    config = qwen2_config(args.model)
-    model = random_model(config, torch.bfloat16, "cuda")
-    with torch.no_grad():
-        for layer in model.model.layers:  # norms that are not all ones, so a fold that drops them shows
-            layer.input_layernorm.weight.normal_(1.0, 0.2)
-            layer.post_attention_layernorm.weight.normal_(1.0, 0.2)
-    fuse_projections(model.model)
-    compile_decoder_layers(model)
-    eps, heads_width = config.rms_norm_eps, config.num_attention_heads * config.head_dim
-    folded = folded_weights(model)
-    scale_bias_compiled = torch.compile(scale_and_bias, fullgraph=True, dynamic=True)
-    swiglu_compiled = torch.compile(folded_swiglu, fullgraph=True, dynamic=True)
-    plain_swiglu_compiled = torch.compile(plain_swiglu, fullgraph=True, dynamic=True)
+    model = engine_model(args.model)
+    config, num_layers = model.config, model.config.num_hidden_layers
     generator = torch.Generator(device="cuda").manual_seed(0)
     source = torch.randn(args.rows, config.hidden_size, device="cuda", dtype=torch.bfloat16, generator=generator)
-    state, mixed = torch.empty_like(source), torch.empty_like(source)
+    folded = FoldedLayers(model, source)
     backend = QueryAsOutput()
     cos = sin = torch.zeros(args.rows, config.head_dim, device="cuda", dtype=torch.bfloat16)
 
@@ -114,48 +152,29 @@ def main() -> None:
             hidden, update = layer.paged_forward(hidden, update, cos, sin, backend)
         return (hidden.float() + update.float()).to(hidden.dtype)
 
-    def folded_layers(into_attention: bool, scaled_swiglu: bool = True, residual: bool = True) -> torch.Tensor:
-        """`scaled_swiglu` False (SiLU x up without r) and `residual` False (o and down as plain products, the
-        stream not updated) compute something else: they only split the folded layer's time into its parts."""
-        state.copy_(source)  # the stream is updated in place; every replay starts from the same values
-        for weights in folded:
-            qkv = F.linear(state, weights["qkv"])
-            if not into_attention:
-                qkv = scale_bias_compiled(qkv, state, weights["bias"], eps)
-            attended = qkv[:, :heads_width]
-            if residual:
-                state.addmm_(attended, weights["o_t"])
-            else:
-                torch.mm(attended, weights["o_t"], out=mixed)
-            gate_up = F.linear(state if residual else mixed, weights["gate_up"])
-            activation = (swiglu_compiled(gate_up, state, eps) if scaled_swiglu
-                          else plain_swiglu_compiled(gate_up))
-            if residual:
-                state.addmm_(activation, weights["down_t"])
-            else:
-                torch.mm(activation, weights["down_t"], out=mixed)
-        return state
-
     with torch.no_grad():
         reference = engine_layers().float()
-        result = folded_layers(False).float()
-        error = ((result - reference).norm() / reference.norm()).item()
-        print(f"{args.model}, {args.rows} rows, {len(folded)} layers: folded against the engine's layers, "
+        error = ((folded(False).float() - reference).norm() / reference.norm()).item()
+        print(f"{args.model}, {args.rows} rows, {num_layers} layers: folded against the engine's layers, "
               f"relative error {error:.2e} (bf16 rounding is ~4e-3)")
+
+        def into_attention() -> torch.Tensor:
+            return folded(True)
+
         timings = {
             "engine's layers (add + norm kernels)": engine_layers,
-            "folded, r * qkv + bias as a kernel": lambda: folded_layers(False),
-            "folded into attention (no r * qkv kernel)": lambda: folded_layers(True),
-            "  part: that, SiLU x up without r": lambda: folded_layers(True, scaled_swiglu=False),
-            "  part: that, o and down without the residual": lambda: folded_layers(True, False, residual=False),
+            "folded, r * qkv + bias as a kernel": lambda: folded(False),
+            "folded into attention (no r * qkv kernel)": into_attention,
+            "  part: that, SiLU x up without r": lambda: folded(True, scaled_swiglu=False),
+            "  part: that, o and down without the residual": lambda: folded(True, False, residual=False),
         }
         for label, launch in timings.items():
             per_step = [graph_replay_ms(launch, replays=20) * 1e3 for _ in range(3)]
-            print(f"  {label}: {min(per_step):7.1f} us per step ({min(per_step) / len(folded):5.2f} us per layer), "
+            print(f"  {label}: {min(per_step):7.1f} us per step ({min(per_step) / num_layers:5.2f} us per layer), "
                   f"runs {' '.join(f'{value:.1f}' for value in per_step)}")
         if args.profile:
-            for label in list(timings)[:3:2]:
-                print_kernel_times(label, timings[label], len(folded))
+            print_kernel_times("engine's layers (add + norm kernels)", engine_layers, num_layers)
+            print_kernel_times("folded into attention (no r * qkv kernel)", into_attention, num_layers)
 
 
 def print_kernel_times(label: str, launch, num_layers: int, steps: int = 5) -> None:
