@@ -3,7 +3,7 @@
 // rows (a column tile sized so the grid is one wave of 132 SMs) beat cuBLAS on these shapes, where round 14's
 // `mma.sync` kernel reached only ~180 TFLOP/s on gate/up?
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I benchmarks/csrc \
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I benchmarks/csrc -I asyncrl/engine/csrc \
 //        -o .devbuild/wgmma_gemm_harness benchmarks/csrc/wgmma_gemm_harness.cu
 //   .devbuild/wgmma_gemm_harness check   # every configuration against an fp32 reference on the device (SwiGLU too)
 //   .devbuild/wgmma_gemm_harness time    # us per product over 24 distinct weights in one CUDA graph
@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "harness_timing.cuh"
+#include "gemm_check.cuh"
 #include "hopper_gemm_primitives.cuh"
 
 // FENCE: the proxy fence between cp.async's writes and wgmma's reads (the PTX model asks for it; `nofence` times
@@ -98,24 +99,6 @@ __global__ void __launch_bounds__(BM) wgmma_gemm(const __nv_bfloat16* __restrict
     store_accumulators<BN>(accumulators, c, m, n, m0 + warpgroup * 128, n0);
 }
 
-__global__ void reference_gemm(const __nv_bfloat16* a, const __nv_bfloat16* w, float* c, int m, int n, int k) {
-    const int column = blockIdx.x * blockDim.x + threadIdx.x, row = blockIdx.y;
-    if (column >= n) return;
-    float sum = 0.0f;
-    for (int i = 0; i < k; ++i)
-        sum += __bfloat162float(a[static_cast<size_t>(row) * k + i]) * __bfloat162float(w[static_cast<size_t>(column) * k + i]);
-    c[static_cast<size_t>(row) * n + column] = sum;
-}
-
-__global__ void fill_random(__nv_bfloat16* values, size_t count, uint32_t seed, float scale) {
-    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
-         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-        uint32_t bits = static_cast<uint32_t>(i) * 0x9E3779B9u ^ seed;
-        bits ^= bits >> 16; bits *= 0x85EBCA6Bu; bits ^= bits >> 13; bits *= 0xC2B2AE35u; bits ^= bits >> 16;
-        values[i] = __float2bfloat16((static_cast<float>(bits >> 8) * 5.9604645e-08f - 0.5f) * scale);
-    }
-}
-
 // The same product fed by the tensor-memory accelerator: one producer warpgroup (one thread of it issues the
 // copies) and BM / 128 consumer warpgroups, full/empty mbarriers per stage, the 128-byte swizzle written by TMA.
 // A consumer releases a stage once the wgmma group that read it is done (IN_FLIGHT groups may stay running).
@@ -124,14 +107,6 @@ __global__ void fill_random(__nv_bfloat16* values, size_t count, uint32_t seed, 
 // and stored in 16-byte row chunks; staged, with SiLU(gate) x up computed first (the B tile's first BN / 2 rows are
 // gate rows, the rest the matching up rows, so a thread holds both halves of its outputs).
 constexpr int kDirect = 0, kStaged = 1, kStagedSwiglu = 2;
-
-// Row pitch in 4-byte words of a staged tile `columns` wide: a multiple of 4 (16-byte chunks stay aligned) that is 4
-// mod 8, so the 8 rows x 4 lanes of an accumulator write land in 32 distinct banks.
-__host__ __device__ constexpr int staged_pitch_words(int columns) {
-    int words = columns / 2 + 4;
-    while (words % 8 != 4) words += 4;
-    return words;
-}
 
 // A consumer warpgroup: its 128 rows of the CTA's tile, block by block as the stages fill, then the epilogue.
 template <int BN, int BM, int STAGES, int IN_FLIGHT, int CS, int PART, int EPILOGUE>
@@ -363,16 +338,6 @@ const Config kConfigs[] = {
     {"TMA BN 64, BM 128, 8 st, 1 fly, CS 2, staged", launch_tma<64, 128, 8, 1, 2, 0, kStaged>},
     {"TMA BN 80, BM 256, 5 st, 1 fly, CS 2, staged", launch_tma<80, 256, 5, 1, 2, 0, kStaged>},
 };
-
-// The largest |result - expected| relative to the largest expected magnitude; a NaN (an unwritten output) is infinite.
-double largest_error(const std::vector<__nv_bfloat16>& result, const std::vector<float>& expected, float largest) {
-    double worst = 0.0;
-    for (size_t i = 0; i < result.size(); ++i) {
-        const double error = std::fabs(__bfloat162float(result[i]) - expected[i]) / largest;
-        worst = std::isnan(error) ? INFINITY : std::fmax(worst, error);
-    }
-    return worst;
-}
 
 struct Shape {
     const char* name;

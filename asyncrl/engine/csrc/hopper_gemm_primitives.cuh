@@ -1,6 +1,10 @@
-// Hopper building blocks of the `wgmma` GEMM harness (wgmma_gemm_harness.cu): `wgmma` on shared-memory operands in
-// the 128-byte swizzle, cp.async and TMA copies into that layout, mbarrier waits, and a warpgroup's accumulators
-// stored to global memory. sm_90a only (`-gencode arch=compute_90a,code=sm_90a`).
+// Hopper building blocks of the fused decode products (fused_product_kernel.cuh) and of the `wgmma` GEMM harness
+// (benchmarks/csrc/wgmma_gemm_harness.cu): `wgmma` on shared-memory operands in the 128-byte swizzle, cp.async and
+// TMA copies into that layout, mbarrier waits, a warpgroup's accumulators stored to global memory, and the row
+// pitch of a tile staged in shared memory. sm_90a only (`-gencode arch=compute_90a,code=sm_90a`).
+//
+// Failures on the host (a CUDA call, the tensor map's encoding) go through HOPPER_REQUIRE(condition, message): the
+// harnesses print and exit; the torch extension defines it as TORCH_CHECK before including this file.
 
 #pragma once
 
@@ -13,7 +17,20 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "harness_timing.cuh"
+#ifndef HOPPER_REQUIRE
+#define HOPPER_REQUIRE(condition, message)              \
+    do {                                                \
+        if (!(condition)) {                             \
+            std::fprintf(stderr, "%s\n", (message));    \
+            std::exit(1);                               \
+        }                                               \
+    } while (0)
+#endif
+#define HOPPER_CUDA(call)                                                   \
+    do {                                                                    \
+        const cudaError_t hopper_status_ = (call);                          \
+        HOPPER_REQUIRE(hopper_status_ == cudaSuccess, cudaGetErrorString(hopper_status_)); \
+    } while (0)
 
 // The wgmma wrappers below were generated (one per N; D += A x B, both operands K-major in shared memory).
 __device__ __forceinline__ void wgmma_m64n32k16(float* d, uint64_t desc_a, uint64_t desc_b) {
@@ -145,16 +162,13 @@ __device__ __forceinline__ void tma_load_2d(uint32_t destination, const CUtensor
 }
 
 // A row-major (rows, k) bf16 matrix as TMA boxes of 64 columns x box_rows rows in the 128-byte swizzle.
-CUtensorMap tensor_map(const __nv_bfloat16* matrix, int rows, int k, int box_rows) {
+inline CUtensorMap tensor_map(const __nv_bfloat16* matrix, int rows, int k, int box_rows) {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
     if (encode == nullptr) {
         cudaDriverEntryPointQueryResult found;
-        CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode),
-                                                    12000, cudaEnableDefault, &found));
-        if (found != cudaDriverEntryPointSuccess) {
-            std::fprintf(stderr, "cuTensorMapEncodeTiled not found\n");
-            std::exit(1);
-        }
+        HOPPER_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode),
+                                                     12000, cudaEnableDefault, &found));
+        HOPPER_REQUIRE(found == cudaDriverEntryPointSuccess, "cuTensorMapEncodeTiled not found");
     }
     CUtensorMap map;
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
@@ -165,9 +179,14 @@ CUtensorMap tensor_map(const __nv_bfloat16* matrix, int rows, int k, int box_row
                                    strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (status != CUDA_SUCCESS) {
-        std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", static_cast<int>(status));
-        std::exit(1);
-    }
+    HOPPER_REQUIRE(status == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (a pointer, row stride or box it cannot take)");
     return map;
+}
+
+// Row pitch in 4-byte words of a bf16 tile `columns` wide staged in shared memory: a multiple of 4 (16-byte chunks
+// stay aligned) that is 4 mod 8, so the 8 rows x 4 lanes of an accumulator write land in 32 distinct banks.
+__host__ __device__ constexpr int staged_pitch_words(int columns) {
+    int words = columns / 2 + 4;
+    while (words % 8 != 4) words += 4;
+    return words;
 }
