@@ -118,11 +118,14 @@ def check_cuda_graphs(config: AsyncRLConfig) -> None:
 
 def check_decode_attention(config: AsyncRLConfig) -> None:
     """rollout.decode_attention=cuda asks for the CUDA kernel: a block size it cannot read fails here rather than
-    decoding with Triton unannounced ("auto" does that)."""
+    decoding with Triton unannounced ("auto" does that). The fused decode products need that kernel."""
     rollout = config.rollout
     if rollout.decode_attention == "cuda" and not cuda_decode_takes_block_size(rollout.block_size):
         raise ConfigError(f"rollout.decode_attention=cuda reads KV blocks whose size is a power of two from 16, got "
                           f"rollout.block_size={rollout.block_size}; use decode_attention=auto or triton for it")
+    if rollout.decode_products == "fused" and rollout.decode_attention == "triton":
+        raise ConfigError("rollout.decode_products=fused hands RoPE to the CUDA decode-attention kernel, so it needs "
+                          "rollout.decode_attention=cuda or auto, got triton")
 
 
 def check_length_distribution(text: str) -> None:

@@ -18,6 +18,7 @@ Mode = Literal["sync", "one_step_off", "fully_async"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 CorrectionLevel = Optional[Literal["token", "sequence", "geometric"]]
 DecodeAttention = Literal["auto", "triton", "cuda"]
+DecodeProducts = Literal["auto", "fused", "torch"]
 
 
 @dataclass
@@ -82,6 +83,11 @@ class RolloutConfig:
         "auto", "decode-attention kernel on GPU: cuda = the CUDA C++ kernel (built on first use with the CUDA "
                 "toolkit, nvcc and ninja; an error where it cannot be), triton = the Triton kernel, auto = cuda "
                 "where it builds, else triton with a warning")
+    decode_products: DecodeProducts = option(
+        "auto", "decode layers on GPU: fused = four fused CUDA products per layer around attention (norms, bias, "
+                "SiLU x up and residual adds folded in; Hopper, bf16 and decode_attention=cuda only, built on first "
+                "use; an error where they cannot run), torch = the model's layers (compiled), auto = fused where "
+                "they run, else torch with a warning")
     n_gpus_per_node: int = option(1, "rollout devices per node in separated modes (CPU slots on CPU)", gt=0)
     max_replica_restarts: int = option(3, "times Ray restarts a rollout replica that died (fully_async then "
                                           "re-syncs its weights and re-queues its requests)", ge=0)

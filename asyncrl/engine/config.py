@@ -12,9 +12,10 @@ from typing import get_args
 import torch
 
 from asyncrl.config.invariants import cuda_decode_takes_block_size
-from asyncrl.config.schema import DecodeAttention, RolloutConfig
+from asyncrl.config.schema import DecodeAttention, DecodeProducts, RolloutConfig
 
 DECODE_ATTENTION_KERNELS = get_args(DecodeAttention)
+DECODE_PRODUCTS = get_args(DecodeProducts)
 
 
 @dataclass
@@ -45,6 +46,10 @@ class EngineConfig:
     # sizes that are not a power of two from 16) go to Triton either way.
     # On an H200 the CUDA kernel's decode steps are 1-2% faster (docs/benchmarks.md, twelfth round).
     decode_attention: str = "auto"
+    # The decode step's layers: "fused" (`fused_decode`: four fused CUDA products per layer around attention; Hopper,
+    # bf16 and the CUDA attention kernel only; an error where they cannot run), "torch" (the model's layers), or
+    # "auto": "fused" where they run, else "torch" with a warning that says why. CPU and fp32 runs use "torch".
+    decode_products: str = "auto"
     device: str = "cpu"
     dtype: torch.dtype | None = None
 
@@ -62,6 +67,11 @@ class EngineConfig:
         if self.decode_attention not in DECODE_ATTENTION_KERNELS:
             raise ValueError(f"engine.decode_attention must be one of {DECODE_ATTENTION_KERNELS}, "
                              f"got {self.decode_attention!r}")
+        if self.decode_products not in DECODE_PRODUCTS:
+            raise ValueError(f"engine.decode_products must be one of {DECODE_PRODUCTS}, got {self.decode_products!r}")
+        if self.decode_products == "fused" and self.decode_attention == "triton":
+            raise ValueError("engine.decode_products='fused' needs engine.decode_attention 'cuda' or 'auto' (the fused "
+                             "layers hand RoPE to the CUDA attention kernel), got 'triton'")
         if self.decode_attention == "cuda" and not cuda_decode_takes_block_size(self.block_size):
             raise ValueError(f"engine.decode_attention='cuda' reads KV blocks whose size is a power of two from 16, "
                              f"got engine.block_size={self.block_size}; 'auto' or 'triton' decode with Triton")
@@ -100,4 +110,5 @@ class EngineConfig:
         return cls(max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
                    block_size=rollout.block_size, gpu_memory_utilization=rollout.gpu_memory_utilization,
                    cpu_kv_cache_mb=rollout.cpu_kv_cache_mb, enforce_eager=rollout.enforce_eager,
-                   decode_attention=rollout.decode_attention, device=device, dtype=dtype, **overrides)
+                   decode_attention=rollout.decode_attention, decode_products=rollout.decode_products, device=device,
+                   dtype=dtype, **overrides)

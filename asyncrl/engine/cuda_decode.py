@@ -18,8 +18,6 @@ the cause; the engine's default, `decode_attention="auto"`, then runs the Triton
 from __future__ import annotations
 
 import functools
-import hashlib
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -27,8 +25,8 @@ from torch import Tensor
 from asyncrl.config.invariants import cuda_decode_takes_block_size
 from asyncrl.engine import triton_kernels
 from asyncrl.engine.attention import DecodeKernel
+from asyncrl.engine.cuda_build import SOURCES, build_extension
 
-SOURCES = Path(__file__).with_name("csrc")
 ENTRY = SOURCES / "paged_decode.cu"  # the torch entry; it includes the kernel, paged_decode_kernel.cuh
 _DECLARATION = ("torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache, "
                 "torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor new_key, "
@@ -39,13 +37,7 @@ MAX_GROUP = 8  # query heads per KV head: the rows of one tensor-core fragment
 
 @functools.cache
 def _extension():
-    from torch.utils.cpp_extension import load_inline
-    # The name carries a hash of both files: torch's cache keys on the entry's text alone, so an edited kernel
-    # header would otherwise load a stale build.
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sorted(SOURCES.glob("*.cu*")))).hexdigest()[:12]
-    return load_inline(name=f"asyncrl_paged_decode_{digest}", cpp_sources=_DECLARATION,
-                       cuda_sources=ENTRY.read_text(), functions=["paged_decode"], extra_cuda_cflags=["-O3"],
-                       extra_include_paths=[str(SOURCES)], verbose=False)
+    return build_extension("asyncrl_paged_decode", ENTRY, _DECLARATION, ["paged_decode"])
 
 
 def covers(query: Tensor, key_cache: Tensor, num_splits: int) -> bool:

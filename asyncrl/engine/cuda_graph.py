@@ -22,6 +22,7 @@ from torch import Tensor
 
 from asyncrl.engine.attention import AttentionMetadata, DecodeKernel, PagedAttention
 from asyncrl.engine.decode_staging import DecodeStaging
+from asyncrl.engine.fused_decode import FusedDecodeLayers
 from asyncrl.engine.kv_cache import KVCache
 from asyncrl.engine.sampler import MASK32, Sampler, SamplingInputs, truncation_thresholds
 from asyncrl.engine.step_output import StepOutput, recorded_event
@@ -48,8 +49,10 @@ class DecodeGraphs:
 
     def __init__(self, model: CausalLM, kv_cache: KVCache, decode_kernel: DecodeKernel | None, sampler: Sampler,
                  max_num_seqs: int, max_blocks_per_sequence: int, num_processors: int,
-                 rotary_in_decode_kernel: bool = False) -> None:
+                 rotary_in_decode_kernel: bool = False, fused_layers: FusedDecodeLayers | None = None) -> None:
         self.model = model
+        # The step's layers: the fused decode products where the runner loaded them, else the model's.
+        self.decode_forward = model if fused_layers is None else fused_layers.forward
         self.kv_cache = kv_cache
         self.decode_kernel = decode_kernel
         self.rotary_in_decode_kernel = rotary_in_decode_kernel  # see `PagedAttention`
@@ -145,7 +148,7 @@ class DecodeGraphs:
                 max_context_len=max_context_len, is_decode=True, num_splits=num_splits,
                 row_order=field("row_order", bucket))
             attention = PagedAttention(self.kv_cache, metadata, self.decode_kernel, self.rotary_in_decode_kernel)
-            hidden = self.model(input_ids, field("positions", bucket), attention)  # int32: read by the compiled `embed`
+            hidden = self.decode_forward(input_ids, field("positions", bucket), attention)  # int32: the compiled `embed`
             torch.matmul(hidden, lm_head_weight.t(), out=self.logits[:bucket])
         return forward
 

@@ -230,6 +230,7 @@ class LLMEngine:
         self._complete_in_flight()  # its kernels read the weights being overwritten; its tokens keep the old version
         with torch.no_grad():
             num_copied = load(self.parameters)
+        self.runner.weights_updated()
         self._version = int(version)
         return num_copied
 

@@ -22,6 +22,7 @@ from torch import Tensor
 from asyncrl.engine.attention import AttentionMetadata, DecodeKernel, PagedAttention
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.cuda_graph import DecodeGraphs, decode_num_splits
+from asyncrl.engine.fused_decode import FusedDecodeLayers
 from asyncrl.engine.kv_cache import (
     CUDA_GRAPH_RESERVE_BYTES,
     MIB,
@@ -45,6 +46,25 @@ from asyncrl.models.compile import compile_decoder_layers, fuse_projections
 from asyncrl.models.transformer import CausalLM
 
 logger = logging.getLogger(__name__)
+
+
+def load_fused_layers(model: CausalLM, config: EngineConfig, decode_attention: str | None,
+                      max_rows: int) -> FusedDecodeLayers | None:
+    """The fused decode layers `EngineConfig.decode_products` asks for, or None for the model's layers: "fused"
+    raises where they cannot run, "auto" logs why and runs the model's layers."""
+    if config.decode_products == "torch" or not config.is_cuda or config.model_dtype != torch.bfloat16:
+        return None
+    from asyncrl.engine.fused_decode import load_fused_decode_layers
+    try:
+        if decode_attention != "cuda":
+            raise RuntimeError(f"the fused decode layers need the CUDA decode-attention kernel, which is not "
+                               f"running ({decode_attention})")
+        return load_fused_decode_layers(model, max_rows)
+    except RuntimeError as error:
+        if config.decode_products == "fused":
+            raise
+        logger.warning("engine.decode_products='auto' runs the model's layers: %s", error)
+        return None
 
 
 def load_cuda_kernels(decode_attention: str) -> tuple[str, DecodeKernel, FusedSampleKernel]:
@@ -85,6 +105,9 @@ class ModelRunner:
         self.decode_kernel = decode_kernel
         # The CUDA kernel rotates q and the new key itself (one kernel per decode layer fewer); Triton's does not.
         self.rotary_in_decode_kernel = self.decode_attention == "cuda"
+        # Decode steps' layers as fused products (None: the model's layers run them). Built before the KV cache is
+        # sized, so the profile counts the folded weight copies.
+        self.fused_layers = load_fused_layers(model, config, self.decode_attention, config.max_num_seqs)
         self.sampler = Sampler(sample_kernel)
         self.num_processors = (torch.cuda.get_device_properties(self.device).multi_processor_count
                                if config.is_cuda else 1)
@@ -97,7 +120,8 @@ class ModelRunner:
         if config.use_cuda_graphs:
             max_blocks = -(-max_model_len // self.block_size)
             self.graphs = DecodeGraphs(self.model, self.kv_cache, decode_kernel, self.sampler, config.max_num_seqs,
-                                       max_blocks, self.num_processors, self.rotary_in_decode_kernel)
+                                       max_blocks, self.num_processors, self.rotary_in_decode_kernel,
+                                       self.fused_layers)
 
     def device_guard(self) -> contextlib.AbstractContextManager:
         """Makes the engine's GPU current: `AsyncEngine` steps in pool threads, whose current device is 0."""
@@ -132,8 +156,17 @@ class ModelRunner:
 
     def _forward(self, inputs: StepInputs) -> Tensor:
         attention = PagedAttention(self.kv_cache, inputs.attention, self.decode_kernel, self.rotary_in_decode_kernel)
-        hidden = self.model(inputs.input_ids, inputs.positions, attention)  # (N, hidden)
+        if self.fused_layers is not None and inputs.attention.is_decode:
+            hidden = self.fused_layers.forward(inputs.input_ids, inputs.positions, attention)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, attention)  # (N, hidden)
         return hidden[inputs.last_token_indices]
+
+    def weights_updated(self) -> None:
+        """Called after the model's weights were written in place: refreshes what is derived from them."""
+        if self.fused_layers is not None:
+            with self.device_guard():
+                self.fused_layers.refresh_weights()
 
     @torch.inference_mode()
     def warm_up(self) -> None:
@@ -178,6 +211,8 @@ class ModelRunner:
         torch.cuda.reset_peak_memory_stats(self.device)
         tensors = itertools.chain(self.model.parameters(), self.model.buffers())
         weight_bytes = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+        if self.fused_layers is not None:  # the folded weight copies count as weights
+            weight_bytes += self.fused_layers.num_bytes
         allocated_before = torch.cuda.memory_allocated(self.device)
         self._profile_step()
         torch.cuda.synchronize(self.device)

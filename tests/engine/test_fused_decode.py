@@ -1,0 +1,138 @@
+"""The fused decode products (`asyncrl.engine.fused_decode`): each product against the model's own composition in
+torch, the engine's decode steps through them against a dense forward (before and after a weight update), and the
+engine's choice ("auto" falls back to the model's layers where they cannot run). The GPU tests need a Hopper GPU;
+the first builds the kernels (a minute or two).
+
+    python -m pytest tests/engine/test_fused_decode.py -q
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from asyncrl.config import ConfigError
+from asyncrl.engine import EngineConfig, LLMEngine
+from asyncrl.engine import model_runner
+from asyncrl.models import build_tiny_model, iter_named_tensors, load_model
+
+from .test_cuda_engine import dense_log_probs_cuda, requests_for, wide_folder  # noqa: F401 (a fixture)
+
+needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                  reason="needs a Hopper GPU (sm_90)")
+EPS = 1e-6
+
+
+def normed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The model's RMSNorm in bf16: fp32 statistics, rounded, then the weight."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + EPS)).to(x.dtype)
+
+
+def relative_error(result: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((result.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
+
+
+@needs_hopper
+@pytest.mark.parametrize("rows", [256, 37])
+def test_each_fused_product_equals_the_models_composition(rows):
+    from asyncrl.engine.fused_decode import DOWN, GATE_UP, O, QKV, _extension
+    product = _extension().fused_product
+    generator = torch.Generator(device="cuda").manual_seed(rows)
+
+    def random(*shape, scale=1.0):
+        return (torch.randn(shape, device="cuda", generator=generator) * scale).to(torch.bfloat16)
+
+    hidden, qkv_size, inter = 448, 576, 1792
+    x, attended, h = random(rows, hidden, scale=2.0), random(rows, hidden), random(rows, inter)
+    norm_weight = (1.0 + 0.3 * torch.randn(hidden, device="cuda", generator=generator)).to(torch.bfloat16)
+    w_qkv, b_qkv = random(qkv_size, hidden, scale=0.05), random(qkv_size, scale=0.5)
+    w_o, w_gate_up, w_down = random(hidden, hidden, scale=0.05), random(2 * inter, hidden, scale=0.05), \
+        random(hidden, inter, scale=0.02)
+    squares = x.float().square().sum(-1)
+    cleared = torch.full((rows,), 7.0, device="cuda")
+
+    qkv = torch.empty((rows, qkv_size), dtype=torch.bfloat16, device="cuda")
+    product(QKV, x, w_qkv * norm_weight, qkv, b_qkv, None, squares, None, cleared, EPS, False)
+    assert relative_error(qkv, F.linear(normed(x, norm_weight), w_qkv, b_qkv)) < 2e-2
+    assert (cleared == 0).all()  # the other statistics buffer, zeroed for the product that adds into it
+
+    out, added = torch.empty_like(x), torch.zeros(rows, device="cuda")
+    product(O, attended, w_o, out, None, x, None, added, None, EPS, False)
+    expected = (x.float() + F.linear(attended, w_o).float()).to(torch.bfloat16)
+    assert relative_error(out, expected) < 1e-2
+    torch.testing.assert_close(added, out.float().square().sum(-1), rtol=1e-4, atol=0)  # the next norm's statistics
+
+    activated = torch.empty((rows, inter), dtype=torch.bfloat16, device="cuda")
+    product(GATE_UP, x, w_gate_up * norm_weight, activated, None, None, squares, None, None, EPS, True)
+    gate, up = F.linear(normed(x, norm_weight), w_gate_up).chunk(2, dim=-1)
+    assert relative_error(activated, F.silu(gate) * up) < 2e-2
+
+    out, added = torch.empty_like(x), torch.zeros(rows, device="cuda")
+    product(DOWN, h, w_down, out, None, x, None, added, None, EPS, True)  # K split over a cluster of four
+    assert relative_error(out, (x.float() + F.linear(h, w_down).float()).to(torch.bfloat16)) < 1e-2
+    torch.testing.assert_close(added, out.float().square().sum(-1), rtol=1e-4, atol=0)
+
+    with pytest.raises(RuntimeError, match="residual"):  # a call the kernels cannot take names what is wrong
+        product(O, attended, w_o, out, None, None, None, None, None, EPS, False)
+
+
+@needs_hopper
+def test_engine_decodes_through_the_fused_layers_and_refreshes_them_on_update(wide_folder, tmp_path):
+    """bf16 tokens may diverge between paths (near-ties), so each result is checked against a teacher-forced dense
+    forward of its own tokens; after an update, against the new weights (stale folded copies would fail it)."""
+    engine = LLMEngine(wide_folder, EngineConfig(device="cuda", dtype=torch.bfloat16, max_num_seqs=64,
+                                                  max_num_batched_tokens=2048, gpu_memory_utilization=0.15,
+                                                  decode_products="fused"))
+    assert engine.runner.fused_layers is not None and engine.runner.graphs.decode_forward == \
+        engine.runner.fused_layers.forward
+
+    def worst_difference(folder, results):
+        model = load_model(folder, dtype=torch.bfloat16, device="cuda")
+        return max(np.abs(result.response_log_probs - dense_log_probs_cuda(model, result)).mean()
+                   for result in results[:8])
+
+    assert worst_difference(wide_folder, engine.generate(requests_for(24, max_new_tokens=60))) < 0.05
+    other = build_tiny_model(tmp_path / "other", family="qwen2", seed=12, init_std=0.1, hidden_size=448,
+                             num_heads=7, num_kv_heads=1, num_layers=3, max_position_embeddings=512)
+    engine.update_weights(iter_named_tensors(load_model(other, dtype=torch.bfloat16, device="cuda")), version=2)
+    assert worst_difference(other, engine.generate(requests_for(24, max_new_tokens=60))) < 0.05
+
+
+def test_engine_config_checks_decode_products():
+    with pytest.raises(ValueError, match="engine.decode_products"):
+        EngineConfig(device="cuda:0", decode_products="cutlass")
+    with pytest.raises(ValueError, match="needs engine.decode_attention"):
+        EngineConfig(device="cuda:0", decode_products="fused", decode_attention="triton")
+
+
+def test_run_config_rejects_fused_products_with_the_triton_kernel():
+    from asyncrl.config import load_config
+    with pytest.raises(ConfigError, match="rollout.decode_products=fused"):
+        load_config(overrides=["rollout.decode_products=fused", "rollout.decode_attention=triton"])
+
+
+@pytest.mark.parametrize("asked", ["auto", "fused"])
+def test_auto_falls_back_to_the_models_layers_with_a_warning(monkeypatch, caplog, asked):
+    from asyncrl.engine import fused_decode
+
+    def load(model, max_rows):
+        raise RuntimeError("the fused decode layers could not be built (no nvcc)")
+
+    monkeypatch.setattr(fused_decode, "load_fused_decode_layers", load)
+    config = EngineConfig(device="cuda:0", dtype=torch.bfloat16, decode_products=asked)
+    if asked == "auto":
+        assert model_runner.load_fused_layers(None, config, "cuda", 8) is None
+        assert "runs the model's layers" in caplog.text and "no nvcc" in caplog.text
+    else:  # asked for by name, a failed build is an error
+        with pytest.raises(RuntimeError, match="no nvcc"):
+            model_runner.load_fused_layers(None, config, "cuda", 8)
+    # Without the CUDA attention kernel, "auto" says why; fp32 and "torch" never try.
+    caplog.clear()
+    assert model_runner.load_fused_layers(None, EngineConfig(device="cuda:0", dtype=torch.bfloat16), "triton", 8) is None
+    assert "need the CUDA decode-attention kernel" in caplog.text
+    assert model_runner.load_fused_layers(None, EngineConfig(device="cuda:0", dtype=torch.float32), "cuda", 8) is None
+    assert model_runner.load_fused_layers(None, EngineConfig(device="cuda:0", dtype=torch.bfloat16,
+                                                              decode_products="torch"), "cuda", 8) is None
