@@ -35,6 +35,7 @@ from torch import Tensor
 
 from asyncrl.engine.attention import PagedAttention
 from asyncrl.engine.cuda_build import SOURCES, build_extension
+from asyncrl.models.model_config import TransformerConfig
 from asyncrl.models.transformer import CausalLM
 
 ENTRY = SOURCES / "fused_products.cu"  # the torch entry; it includes the kernel, fused_product_kernel.cuh
@@ -66,6 +67,26 @@ def unsupported_reason(model: CausalLM) -> str | None:
     for name, size in products.items():
         if size % 64 or size // 64 < DOWN_SPLITS:
             return f"they need {name} a multiple of 64 and at least {64 * DOWN_SPLITS}, got {size}"
+    return None
+
+
+def launch_sizes(config: TransformerConfig, rows: int) -> dict[str, int]:
+    """CTAs of each product's launch at `rows` rows, with `fused_products.cu`'s tiles (one CTA per SM)."""
+    qkv_size = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
+    row_tiles_128, row_tiles_256 = -(-rows // 128), -(-rows // 256)
+    return {"q/k/v": -(-qkv_size // 32) * row_tiles_128, "o": -(-config.hidden_size // 32) * row_tiles_128,
+            "gate/up": -(-config.intermediate_size // 40) * row_tiles_256,
+            "down": -(-config.hidden_size // 64) * DOWN_SPLITS * row_tiles_128}
+
+
+def slower_reason(config: TransformerConfig, rows: int, num_processors: int) -> str | None:
+    """Why the fused layers would likely be slower than the model's for this shape (None: they should be faster).
+    Their tiles are sized for one wave of CTAs at 256 rows of the 0.5B shapes; a launch of more CTAs than SMs runs
+    a second, mostly idle wave (the 1.5B shapes: 0.500 of the roofline fused, 0.562 unfused; docs/benchmarks.md)."""
+    for name, size in launch_sizes(config, rows).items():
+        if size > num_processors:
+            return (f"at {rows} rows the {name} product launches {size} CTAs, more than one wave of "
+                    f"{num_processors} SMs")
     return None
 
 

@@ -48,13 +48,19 @@ from asyncrl.models.transformer import CausalLM
 logger = logging.getLogger(__name__)
 
 
-def load_fused_layers(model: CausalLM, config: EngineConfig, decode_attention: str | None,
-                      max_rows: int) -> FusedDecodeLayers | None:
+def load_fused_layers(model: CausalLM, config: EngineConfig, decode_attention: str | None, max_rows: int,
+                      num_processors: int) -> FusedDecodeLayers | None:
     """The fused decode layers `EngineConfig.decode_products` asks for, or None for the model's layers: "fused"
-    raises where they cannot run, "auto" logs why and runs the model's layers."""
+    raises where they cannot run, "auto" logs why and runs the model's layers (also where their launches would
+    take more than one wave of the device's SMs, where they are slower)."""
     if config.decode_products == "torch" or not config.is_cuda or config.model_dtype != torch.bfloat16:
         return None
-    from asyncrl.engine.fused_decode import load_fused_decode_layers
+    from asyncrl.engine.fused_decode import load_fused_decode_layers, slower_reason
+    if config.decode_products == "auto":
+        reason = slower_reason(model.config, max_rows, num_processors)
+        if reason is not None:
+            logger.info("engine.decode_products='auto' runs the model's layers: %s", reason)
+            return None
     try:
         if decode_attention != "cuda":
             raise RuntimeError(f"the fused decode layers need the CUDA decode-attention kernel, which is not "
@@ -107,10 +113,11 @@ class ModelRunner:
         self.rotary_in_decode_kernel = self.decode_attention == "cuda"
         # Decode steps' layers as fused products (None: the model's layers run them). Built before the KV cache is
         # sized, so the profile counts the folded weight copies.
-        self.fused_layers = load_fused_layers(model, config, self.decode_attention, config.max_num_seqs)
-        self.sampler = Sampler(sample_kernel)
         self.num_processors = (torch.cuda.get_device_properties(self.device).multi_processor_count
                                if config.is_cuda else 1)
+        self.fused_layers = load_fused_layers(model, config, self.decode_attention, config.max_num_seqs,
+                                              self.num_processors)
+        self.sampler = Sampler(sample_kernel)
         self.memory_plan: GpuMemoryPlan | None = None
         self.kv_cache = KVCache(model.config, self._plan_num_blocks(), self.block_size, config.model_dtype,
                                 self.device)

@@ -8,6 +8,8 @@ the first builds the kernels (a minute or two).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 
 from asyncrl.config import ConfigError
 from asyncrl.engine import EngineConfig, LLMEngine
+from asyncrl.bench.models import qwen2_config
 from asyncrl.engine import model_runner
 from asyncrl.models import build_tiny_model, iter_named_tensors, load_model
 
@@ -123,16 +126,33 @@ def test_auto_falls_back_to_the_models_layers_with_a_warning(monkeypatch, caplog
 
     monkeypatch.setattr(fused_decode, "load_fused_decode_layers", load)
     config = EngineConfig(device="cuda:0", dtype=torch.bfloat16, decode_products=asked)
+    model = SimpleNamespace(config=qwen2_config("qwen2.5-0.5b"))
     if asked == "auto":
-        assert model_runner.load_fused_layers(None, config, "cuda", 8) is None
+        assert model_runner.load_fused_layers(model, config, "cuda", 8, 132) is None
         assert "runs the model's layers" in caplog.text and "no nvcc" in caplog.text
     else:  # asked for by name, a failed build is an error
         with pytest.raises(RuntimeError, match="no nvcc"):
-            model_runner.load_fused_layers(None, config, "cuda", 8)
+            model_runner.load_fused_layers(model, config, "cuda", 8, 132)
     # Without the CUDA attention kernel, "auto" says why; fp32 and "torch" never try.
     caplog.clear()
-    assert model_runner.load_fused_layers(None, EngineConfig(device="cuda:0", dtype=torch.bfloat16), "triton", 8) is None
+    auto = EngineConfig(device="cuda:0", dtype=torch.bfloat16)
+    assert model_runner.load_fused_layers(model, auto, "triton", 8, 132) is None
     assert "need the CUDA decode-attention kernel" in caplog.text
-    assert model_runner.load_fused_layers(None, EngineConfig(device="cuda:0", dtype=torch.float32), "cuda", 8) is None
-    assert model_runner.load_fused_layers(None, EngineConfig(device="cuda:0", dtype=torch.bfloat16,
-                                                              decode_products="torch"), "cuda", 8) is None
+    assert model_runner.load_fused_layers(model, EngineConfig(device="cuda:0", dtype=torch.float32), "cuda", 8, 132) is None
+    assert model_runner.load_fused_layers(model, EngineConfig(device="cuda:0", dtype=torch.bfloat16,
+                                                              decode_products="torch"), "cuda", 8, 132) is None
+
+
+def test_auto_keeps_the_models_layers_where_a_fused_launch_would_take_two_waves(caplog):
+    """The tiles are sized for one wave of 132 SMs at 256 rows of the 0.5B shapes: 72, 56, 122 and 112 CTAs. The
+    1.5B gate/up takes 224 (measured slower fused: 0.500 against 0.562 of the roofline)."""
+    from asyncrl.engine.fused_decode import launch_sizes, slower_reason
+    small, large = qwen2_config("qwen2.5-0.5b"), qwen2_config("qwen2.5-1.5b")
+    assert launch_sizes(small, 256) == {"q/k/v": 72, "o": 56, "gate/up": 122, "down": 112}
+    assert slower_reason(small, 256, 132) is None
+    assert slower_reason(small, 512, 132) == "at 512 rows the q/k/v product launches 144 CTAs, more than one wave of 132 SMs"
+    assert "gate/up product launches 224 CTAs" in slower_reason(large, 256, 132)
+    caplog.set_level("INFO")
+    config = EngineConfig(device="cuda:0", dtype=torch.bfloat16)
+    assert model_runner.load_fused_layers(SimpleNamespace(config=large), config, "cuda", 256, 132) is None
+    assert "224 CTAs" in caplog.text
