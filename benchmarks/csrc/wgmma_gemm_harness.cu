@@ -12,7 +12,7 @@
 // each) x BN columns per CTA and K in blocks of 64 (128 bytes of bf16, the 128-byte swizzle's row). Shared tiles
 // are laid out as a 128-byte-swizzle TMA box (row r's 16-byte chunk c at chunk c ^ (r % 8), tiles 1024-byte
 // aligned), so `wgmma` reads both operands K-major through shared-memory descriptors; a k16 step advances a
-// descriptor's start by 32 bytes. Those building blocks are in hopper_gemm_primitives.cuh.
+// descriptor's start by 32 bytes. Those building blocks are in asyncrl/engine/csrc/hopper_gemm_primitives.cuh.
 // - `wgmma_gemm`: every thread loads with cp.async (zero fill past N), STAGES blocks in flight, a CTA barrier per
 //   block before a stage is refilled.
 // - `tma_gemm`: a producer warpgroup (one thread issues the copies) and full/empty mbarriers per stage; with CS > 1
