@@ -8,7 +8,8 @@
 # Runs `asyncrl bench engine` (256 requests, prompts 128-1024, 1024 new tokens) once per word of the order,
 # "new" from the working tree and "old" from the given folder, "new@16" with KV blocks of 16 positions (the
 # old tree must know --block-size for "old@N"), "new:cuda" with that decode-attention kernel (likewise
-# --decode-attention); JSON and logs land in $OUT; one line per run.
+# --decode-attention), "new+torch" with those decode layers (--decode-products: fused or torch; "new+torch:cuda"
+# combines them); JSON and logs land in $OUT; one line per run.
 set -u
 old_tree=$1 order=${2:-"new old new"} model=${3:-qwen2.5-0.5b}
 export PYTHONUNBUFFERED=1
@@ -16,16 +17,17 @@ repo=$(pwd)
 index=0
 for word in $order; do
   index=$((index + 1))
-  kernel_args=()
+  kernel_args=() product_args=()
   [ "${word%:*}" != "$word" ] && kernel_args=(--decode-attention "${word#*:}") && word=${word%:*}
+  [ "${word%+*}" != "$word" ] && product_args=(--decode-products "${word#*+}") && word=${word%+*}
   side=${word%@*} block_args=()
   [ "$word" != "$side" ] && block_args=(--block-size "${word#*@}")
-  name="${side}${index}${block_args[1]:+_block${block_args[1]}}${kernel_args[1]:+_${kernel_args[1]}}_${model}"
+  name="${side}${index}${block_args[1]:+_block${block_args[1]}}${kernel_args[1]:+_${kernel_args[1]}}${product_args[1]:+_${product_args[1]}}_${model}"
   tree=$repo
   [ "$side" = old ] && tree=$old_tree
   (cd "$tree" && PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" timeout 170 python3 -m asyncrl.bench.engine \
     --model "$model" --num-requests 256 --prompt-lengths 128:1024 --output-lengths 1024 \
-    "${block_args[@]}" "${kernel_args[@]}" --output "$OUT/$name.json" > "$OUT/$name.log" 2>&1) || { echo "$name failed:"; tail -5 "$OUT/$name.log"; continue; }
+    "${block_args[@]}" "${kernel_args[@]}" "${product_args[@]}" --output "$OUT/$name.json" > "$OUT/$name.log" 2>&1) || { echo "$name failed:"; tail -5 "$OUT/$name.log"; continue; }
   python3 - "$OUT/$name.json" "$name" <<'PY'
 import json, sys
 engine = json.load(open(sys.argv[1]))["engine"]

@@ -33,7 +33,7 @@ import torch
 import transformers
 
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
-from asyncrl.engine.config import DECODE_ATTENTION_KERNELS
+from asyncrl.engine.config import DECODE_ATTENTION_KERNELS, DECODE_PRODUCTS
 from asyncrl.engine.kv_cache import bytes_per_block
 from asyncrl.bench.models import QWEN2_SHAPES, qwen2_config, random_model
 from asyncrl.core.lengths import LengthDistribution
@@ -206,13 +206,14 @@ def run_engine_benchmark(model: str | Path | TransformerConfig = "qwen2.5-0.5b",
                          max_num_batched_tokens: int = 8192, gpu_memory_utilization: float = 0.8,
                          enforce_eager: bool = False, transformers_batch_size: int | None = None,
                          seed: int = 0, block_size: int = EngineConfig.block_size,
-                         decode_attention: str = EngineConfig.decode_attention) -> dict:
+                         decode_attention: str = EngineConfig.decode_attention,
+                         decode_products: str = EngineConfig.decode_products) -> dict:
     """Runs the workload on our engine (and on transformers when asked); prints a table, returns the numbers.
 
     `model`: an HF folder, a Qwen2.5 size name ("qwen2.5-0.5b", "qwen2.5-1.5b") or a TransformerConfig
     (random weights). `device` defaults to CUDA when present, `dtype` to bf16 on CUDA and fp32 on CPU,
     `block_size` is the KV-cache block size in positions, `decode_attention` the decode kernel
-    (`EngineConfig.decode_attention`)."""
+    (`EngineConfig.decode_attention`), `decode_products` the decode step's layers (`EngineConfig.decode_products`)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
     if not isinstance(prompt_lengths, LengthDistribution):
@@ -231,7 +232,7 @@ def run_engine_benchmark(model: str | Path | TransformerConfig = "qwen2.5-0.5b",
     config = EngineConfig(device=device, dtype=dtype, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens,
                           gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-                          block_size=block_size, decode_attention=decode_attention)
+                          block_size=block_size, decode_attention=decode_attention, decode_products=decode_products)
     copy_bandwidth = measure_copy_bandwidth(device)  # before the engine takes its share of device memory
     engine = LLMEngine(ours, config)
     measured = measure_engine(engine, requests, device)
@@ -243,6 +244,8 @@ def run_engine_benchmark(model: str | Path | TransformerConfig = "qwen2.5-0.5b",
         "model": name, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
         "decode_attention": decode_attention,
         "decode_attention_kernel": engine.runner.decode_attention,  # the one that ran ("auto" picks one)
+        "decode_products": decode_products,
+        "decode_layers": "torch" if engine.runner.fused_layers is None else "fused",  # the ones that ran
         "num_requests": num_requests, "prompt_lengths": prompt_lengths.__dict__,
         "output_lengths": output_lengths.__dict__,
         "prompt_tokens": int(sum(item.prompt_ids.size for item in requests)),
@@ -311,13 +314,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=EngineConfig.block_size, help="KV-cache block size")
     parser.add_argument("--decode-attention", choices=DECODE_ATTENTION_KERNELS, default=EngineConfig.decode_attention,
                         help="decode-attention kernel on CUDA")
+    parser.add_argument("--decode-products", choices=DECODE_PRODUCTS, default=EngineConfig.decode_products,
+                        help="decode layers on CUDA: the fused products or the model's layers")
     parser.add_argument("--output", type=Path, default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
     result = run_engine_benchmark(
         args.model, args.num_requests, args.prompt_lengths, args.output_lengths,
         getattr(torch, args.dtype) if args.dtype else None, args.device, args.compare_transformers, args.bandwidth,
         args.max_num_seqs, args.max_num_batched_tokens, args.gpu_memory_utilization, args.enforce_eager,
-        args.transformers_batch_size, args.seed, args.block_size, args.decode_attention)
+        args.transformers_batch_size, args.seed, args.block_size, args.decode_attention, args.decode_products)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=2) + "\n")

@@ -62,3 +62,5 @@ def test_benchmark_counts_tokens_and_computes_the_roofline(tiny_folder, tmp_path
     # 2 layers x 2 kv heads x head_dim 16 x (key + value) x 4 bytes.
     assert kv_bytes == 2 * 2 * 2 * 16 * 4
     assert engine["num_decode_steps"] > 0 and engine["mean_decode_batch"] >= 1.0
+    # The layers that ran are recorded with the ones asked for: fp32 on CPU always runs the model's.
+    assert (result["decode_products"], result["decode_layers"]) == ("auto", "torch")
