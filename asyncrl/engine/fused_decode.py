@@ -29,6 +29,7 @@ bf16 rounding, not bit for bit. Prefill runs the model's path.
 from __future__ import annotations
 
 import functools
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -47,8 +48,20 @@ QKV, O, GATE_UP, DOWN = 0, 1, 2, 3  # the entry's product kinds
 DOWN_SPLITS = 4  # down's K is split over clusters of this many CTAs
 
 
+class FusedProducts(Protocol):
+    """What runs the products: the CUDA extension (`_extension()`), or their semantics in torch (the CPU tests)."""
+
+    def fused_product(self, kind: int, a: Tensor, w: Tensor, out: Tensor, bias: Tensor | None,
+                      residual: Tensor | None, squares_in: Tensor | None, squares_out: Tensor | None,
+                      squares_clear: Tensor | None, eps: float, programmatic: bool) -> None:
+        """Writes product `kind` (QKV, O, GATE_UP, DOWN) of a (M, K) and w into out, as `csrc/fused_products.cu`
+        describes: r from `squares_in`, the bias, SiLU x up, the residual; zeroes `squares_clear` and adds the
+        output rows' squares into `squares_out`."""
+        ...
+
+
 @functools.cache
-def _extension():
+def _extension() -> FusedProducts:
     # wgmma and TMA need the architecture-specific target; an -gencode flag replaces torch's default ones.
     return build_extension("asyncrl_fused_products", ENTRY, _DECLARATION, ["fused_product"],
                            ("-gencode=arch=compute_90a,code=sm_90a",))
@@ -92,11 +105,12 @@ def slower_reason(config: TransformerConfig, rows: int, num_processors: int) -> 
 
 class FusedDecodeLayers:
     """The model's decoder layers for decode steps, as the module doc describes. Holds the folded weight copies
-    and two statistics buffers of `max_rows` (the decode graphs' largest bucket)."""
+    and two statistics buffers of `max_rows` (the decode graphs' largest bucket). `products` is what provides
+    `fused_product` (default: the CUDA extension; the CPU tests pass its semantics in torch)."""
 
-    def __init__(self, model: CausalLM, max_rows: int) -> None:
+    def __init__(self, model: CausalLM, max_rows: int, products: FusedProducts | None = None) -> None:
         self.backbone = model.model
-        self.extension = _extension()
+        self.extension = _extension() if products is None else products
         layers = self.backbone.layers
         # g folded into copies of the fused q/k/v and gate/up matrices (`fuse_projections` made them).
         self.folded_qkv = [torch.empty_like(layer.self_attn.qkv_weight) for layer in layers]

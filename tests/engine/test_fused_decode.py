@@ -156,3 +156,69 @@ def test_auto_keeps_the_models_layers_where_a_fused_launch_would_take_two_waves(
     config = EngineConfig(device="cuda:0", dtype=torch.bfloat16)
     assert model_runner.load_fused_layers(SimpleNamespace(config=large), config, "cuda", 256, 132) is None
     assert "224 CTAs" in caplog.text
+
+
+class TorchProducts:
+    """The fused products' semantics in torch, without their roundings (`FusedProducts`; fp32 on CPU)."""
+
+    @staticmethod
+    def fused_product(kind, a, w, out, bias, residual, squares_in, squares_out, squares_clear, eps, programmatic):
+        from asyncrl.engine.fused_decode import GATE_UP
+        if squares_clear is not None:
+            squares_clear.zero_()
+        product = a.float() @ w.float().T
+        if squares_in is not None:
+            product = product * torch.rsqrt(squares_in[:, None] / a.shape[1] + eps)
+        if kind == GATE_UP:
+            gate, up = product.chunk(2, dim=-1)
+            product = F.silu(gate) * up
+        if bias is not None:
+            product = product + bias.float()
+        if residual is not None:
+            product = product + residual.float()
+        out.copy_(product)
+        if squares_out is not None:
+            squares_out.add_(out.float().square().sum(-1))
+
+
+class SelfOnlyAttention:
+    """Attention over a context of one token, the new one: each query head gets its kv head's value. q and k do not
+    matter, so a backend that rotates and one that does not give the same output."""
+
+    def __init__(self, rotates: bool) -> None:
+        self.rotates = rotates
+
+    def attend(self, layer_index, query, key, value, rotary=None):
+        assert (rotary is not None) == self.rotates
+        return value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
+
+
+def test_fused_layers_compute_the_models_decode_forward_and_follow_weight_updates():
+    """The wiring of `FusedDecodeLayers.forward` (the folded weights, the statistics passed from product to product,
+    the residuals), on CPU in fp32 with the products' semantics in torch: the model's own forward, to float rounding."""
+    from asyncrl.engine.fused_decode import FusedDecodeLayers
+    from asyncrl.models import CausalLM, fuse_projections
+    from asyncrl.models.tiny import tiny_config
+    torch.manual_seed(0)
+    model = CausalLM(tiny_config("qwen2", num_layers=3)).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:  # norm weights that are not all ones, so the fold is exercised
+                parameter.copy_(1.0 + 0.5 * torch.randn_like(parameter))
+    fuse_projections(model.model)
+    layers = FusedDecodeLayers(model, max_rows=8, products=TorchProducts())
+    input_ids, positions = torch.tensor([5, 17, 3, 9, 30]), torch.tensor([4, 0, 11, 7, 2])
+    with torch.no_grad():
+        expected = model(input_ids, positions, SelfOnlyAttention(rotates=False))
+        torch.testing.assert_close(layers.forward(input_ids, positions, SelfOnlyAttention(rotates=True)), expected,
+                                   atol=1e-5, rtol=1e-5)
+        for parameter in model.parameters():  # an in-place update, as `update_weights` writes it
+            parameter.mul_(1.1)
+        updated = model(input_ids, positions, SelfOnlyAttention(rotates=False))
+        stale = layers.forward(input_ids, positions, SelfOnlyAttention(rotates=True))
+        assert (stale - updated).abs().max() > 1e-3  # the folded copies still hold the old weights
+        layers.refresh_weights()
+        torch.testing.assert_close(layers.forward(input_ids, positions, SelfOnlyAttention(rotates=True)), updated,
+                                   atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="rotates q and k itself"):
+        layers.forward(input_ids, positions, SelfOnlyAttention(rotates=False))
