@@ -65,6 +65,13 @@ const Product kProducts[] = {
     {"down", "residual BN 32, BM 256, 5 st, split 4", kHidden, kInter, kResidual, kNoNorm, false, FUSED(32, 256, 5, kResidual, kNoNorm, 4)},
     {"down", "residual BN 64, BM 256, 5 st, split 8", kHidden, kInter, kResidual, kNoNorm, false, FUSED(64, 256, 5, kResidual, kNoNorm, 8)},
     {"down", "residual BN 64, BM 128, 8 st, split 4", kHidden, kInter, kResidual, kNoNorm, false, FUSED(64, 128, 8, kResidual, kNoNorm, 4)},
+    // Fewer stages, so that a CTA of the next product fits in shared memory beside one of these: down (96 KB, ~25k
+    // registers) beside q/k/v (80 KB, ~16k). o (80 KB) beside gate/up (126 KB) fits in shared memory, but not in
+    // registers as compiled (~25k + ~49k of 64k), nor does gate/up beside down. Not yet measured.
+    {"q/k/v", "stats + bias BN 32, BM 128, 4 st", kQkv, kHidden, kPlain, kNormFromStats, true, FUSED(32, 128, 4, kPlain, kNormFromStats, 1)},
+    {"o", "residual BN 32, BM 128, 4 st", kHidden, kHidden, kResidual, kNoNorm, false, FUSED(32, 128, 4, kResidual, kNoNorm, 1)},
+    {"gate/up", "stats + SwiGLU BN 80, BM 256, 3 st", kInter, kHidden, kSwiglu, kNormFromStats, false, FUSED(80, 256, 3, kSwiglu, kNormFromStats, 1)},
+    {"down", "residual BN 64, BM 128, 4 st, split 4", kHidden, kInter, kResidual, kNoNorm, false, FUSED(64, 128, 4, kResidual, kNoNorm, 4)},
 };
 #undef FUSED
 
@@ -302,6 +309,8 @@ int main(int argc, char** argv) {
                        "stats + SwiGLU BN 80, BM 256, 5 st", "residual BN 64, BM 128, 8 st, split 4", programmatic);
             time_chain("stats + bias BN 32, BM 128, 8 st", "residual BN 32, BM 128, 8 st",
                        "stats + SwiGLU BN 80, BM 256, 5 st", "residual BN 32, BM 256, 5 st, split 4", programmatic);
+            time_chain("stats + bias BN 32, BM 128, 4 st", "residual BN 32, BM 128, 4 st",
+                       "stats + SwiGLU BN 80, BM 256, 3 st", "residual BN 64, BM 128, 4 st, split 4", programmatic);
         }
         return 0;
     }

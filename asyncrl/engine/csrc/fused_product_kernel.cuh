@@ -408,6 +408,11 @@ void launch(const __nv_bfloat16* a, const __nv_bfloat16* w, const Arguments& arg
     static bool configured = false;
     if (!configured) {
         HOPPER_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSharedBytes));
+        // The largest shared-memory carveout, whatever this launch needs: a CTA of the next product can then start
+        // on an SM whose CTA of this one still runs, where their rings fit side by side (an SM's carveout changes
+        // only while it is idle).
+        HOPPER_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         cudaSharedmemCarveoutMaxShared));
         configured = true;
     }
     const bool swiglu = EPILOGUE == kSwiglu;
