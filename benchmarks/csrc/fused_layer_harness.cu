@@ -13,6 +13,7 @@
 //        -o .devbuild/fused_layer_harness benchmarks/csrc/fused_layer_harness.cu
 //   .devbuild/fused_layer_harness check   # every configuration against an fp32 reference, at 256 and 100 rows
 //   .devbuild/fused_layer_harness time    # us per product over 24 distinct weights, then the 24-layer chain
+//   .devbuild/fused_layer_harness layer   # the chain with the engine's attention kernel (contexts 640-1,536)
 //
 // Answer (one H200, 2026-12-04, docs/benchmarks.md seventeenth round): all correct. The four fused products chained
 // take 39.2 us per layer with plain launches and 32.8 us as programmatic dependent launches, against 40.2 us for the
@@ -24,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "decode_attention_case.cuh"
 #include "fused_product_kernel.cuh"
 #include "gemm_check.cuh"
 #include "harness_timing.cuh"
@@ -224,10 +226,11 @@ void time_all() {
     CHECK_CUDA(cudaFree(squares));
 }
 
-// The 24 layers' four fused products in one graph, each layer reading what the one before wrote. Attention is
-// not run: o reads a fixed stand-in for its output.
+// The 24 layers' four fused products in one graph, each layer reading what the one before wrote. Without an
+// attention case o reads a fixed stand-in for attention's output; with one, the engine's attention kernel runs
+// between q/k/v and o (a plain launch, as in the engine) on that case's caches, reading q/k/v's output.
 void time_chain(const char* qkv_name, const char* o_name, const char* gate_up_name, const char* down_name,
-                bool programmatic) {
+                bool programmatic, const attention_case::Case* attention = nullptr) {
     const Product &qkv = product("q/k/v", qkv_name), &o = product("o", o_name),
                   &gate_up = product("gate/up", gate_up_name), &down = product("down", down_name);
     const int m = 256, layers = 24;
@@ -243,6 +246,11 @@ void time_chain(const char* qkv_name, const char* o_name, const char* gate_up_na
     CHECK_CUDA(cudaMalloc(&x, sizeof(__nv_bfloat16) * m * kHidden));
     CHECK_CUDA(cudaMalloc(&qkv_out, sizeof(__nv_bfloat16) * m * kQkv));
     CHECK_CUDA(cudaMalloc(&attended, sizeof(__nv_bfloat16) * m * kHidden));
+    __nv_bfloat16 *qkv_target = qkv_out, *attended_source = attended;
+    if (attention != nullptr) {  // the case's q/k/v buffer (m x 1152, its views) and attention output (m x 896)
+        qkv_target = attention->query;
+        attended_source = attention->output;
+    }
     CHECK_CUDA(cudaMalloc(&x_mid, sizeof(__nv_bfloat16) * m * kHidden));
     CHECK_CUDA(cudaMalloc(&h, sizeof(__nv_bfloat16) * m * kInter));
     CHECK_CUDA(cudaMalloc(&w_qkv, sizeof(__nv_bfloat16) * layers * qkv_weights));
@@ -258,15 +266,17 @@ void time_chain(const char* qkv_name, const char* o_name, const char* gate_up_na
     fill_random<<<512, 256>>>(w_gate_up, layers * gate_up_weights, 7, 0.05f);
     fill_random<<<512, 256>>>(w_down, layers * down_weights, 8, 0.02f);
     CHECK_CUDA(cudaDeviceSynchronize());
-    auto enqueue = [&](cudaStream_t stream, int which) {  // which: -1 the layer, else only that product
+    auto enqueue = [&](cudaStream_t stream, int which) {  // which: -1 the layer, else only that part
         for (int layer = 0; layer < layers; ++layer) {
             if (which < 0 || which == 0)
                 qkv.launch(x, w_qkv + layer * qkv_weights,
-                           {qkv_out, b_qkv + static_cast<size_t>(layer) * kQkv, nullptr, m, kQkv, kHidden, kEps, squares_x,
+                           {qkv_target, b_qkv + static_cast<size_t>(layer) * kQkv, nullptr, m, kQkv, kHidden, kEps, squares_x,
                             nullptr, squares_mid},
                            stream, programmatic);
+            if (attention != nullptr && (which < 0 || which == 4))
+                CHECK_CUDA(asyncrl_decode::launch_paged_decode(attention->params(layer), 64, 4, 3, stream));
             if (which < 0 || which == 1)
-                o.launch(attended, w_o + layer * o_weights,
+                o.launch(attended_source, w_o + layer * o_weights,
                          {x_mid, nullptr, x, m, kHidden, kHidden, kEps, nullptr, squares_mid, nullptr}, stream, programmatic);
             if (which < 0 || which == 2)
                 gate_up.launch(x_mid, w_gate_up + layer * gate_up_weights,
@@ -277,16 +287,17 @@ void time_chain(const char* qkv_name, const char* o_name, const char* gate_up_na
                             {x, nullptr, x_mid, m, kHidden, kInter, kEps, nullptr, squares_x, nullptr}, stream, programmatic);
         }
     };
-    const char* parts[] = {"q/k/v", "o", "gate/up", "down"};
+    const char* parts[] = {"q/k/v", "o", "gate/up", "down", "attention"};
     double sum = 0.0;
-    for (int which = 0; which < 4; ++which) {
+    for (int which = 0; which < (attention != nullptr ? 5 : 4); ++which) {
         const double us = graph_median_ms([&](cudaStream_t stream) { enqueue(stream, which); }, 20) * 1e3 / layers;
         sum += us;
         std::printf("chain %-8s alone %6.2f us per layer\n", parts[which], us);
     }
     const double us = graph_median_ms([&](cudaStream_t stream) { enqueue(stream, -1); }, 20) * 1e3 / layers;
-    std::printf("chain layer%s (%s | %s | %s | %s): %6.2f us per layer (the four alone sum to %.2f)\n",
-                programmatic ? ", programmatic" : "", qkv_name, o_name, gate_up_name, down_name, us, sum);
+    std::printf("chain layer%s%s (%s | %s | %s | %s): %6.2f us per layer (the parts alone sum to %.2f)\n",
+                attention != nullptr ? " with attention" : "", programmatic ? ", programmatic" : "", qkv_name, o_name,
+                gate_up_name, down_name, us, sum);
     for (void* pointer : {static_cast<void*>(x), static_cast<void*>(qkv_out), static_cast<void*>(attended),
                           static_cast<void*>(x_mid), static_cast<void*>(h), static_cast<void*>(w_qkv),
                           static_cast<void*>(b_qkv), static_cast<void*>(w_o), static_cast<void*>(w_gate_up),
@@ -314,6 +325,22 @@ int main(int argc, char** argv) {
         }
         return 0;
     }
-    std::fprintf(stderr, "usage: %s check | time\n", argv[0]);
+    if (mode == "layer") {  // the chain with the engine's attention kernel between q/k/v and o
+        std::vector<int> lengths(256);
+        uint64_t state = 5;
+        for (int& length : lengths) length = 640 + static_cast<int>(attention_case::next_random(state) % 897);
+        attention_case::Case attention = attention_case::make_case(attention_case::shape_of(64), lengths, 24, 11);
+        attention_case::add_rotary(attention);
+        for (bool programmatic : {false, true}) {
+            time_chain("stats + bias BN 32, BM 128, 8 st", "residual BN 32, BM 128, 8 st",
+                       "stats + SwiGLU BN 80, BM 256, 5 st", "residual BN 64, BM 128, 8 st, split 4", programmatic,
+                       &attention);
+            time_chain("stats + bias BN 32, BM 128, 4 st", "residual BN 32, BM 128, 4 st",
+                       "stats + SwiGLU BN 80, BM 256, 3 st", "residual BN 64, BM 128, 4 st, split 4", programmatic,
+                       &attention);
+        }
+        return 0;
+    }
+    std::fprintf(stderr, "usage: %s check | time | layer\n", argv[0]);
     return 2;
 }
