@@ -22,6 +22,7 @@ from torch import Tensor
 from asyncrl.engine.attention import AttentionMetadata, DecodeKernel, PagedAttention
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.cuda_graph import DecodeGraphs, decode_num_splits
+from asyncrl.engine import fused_decode
 from asyncrl.engine.fused_decode import FusedDecodeLayers
 from asyncrl.engine.kv_cache import (
     CUDA_GRAPH_RESERVE_BYTES,
@@ -55,9 +56,8 @@ def load_fused_layers(model: CausalLM, config: EngineConfig, decode_attention: s
     take more than one wave of the device's SMs, where they are slower)."""
     if config.decode_products == "torch" or not config.is_cuda or config.model_dtype != torch.bfloat16:
         return None
-    from asyncrl.engine.fused_decode import load_fused_decode_layers, slower_reason
     if config.decode_products == "auto":
-        reason = slower_reason(model.config, max_rows, num_processors)
+        reason = fused_decode.slower_reason(model.config, max_rows, num_processors)
         if reason is not None:
             logger.info("engine.decode_products='auto' runs the model's layers: %s", reason)
             return None
@@ -65,7 +65,7 @@ def load_fused_layers(model: CausalLM, config: EngineConfig, decode_attention: s
         if decode_attention != "cuda":
             raise RuntimeError(f"the fused decode layers need the CUDA decode-attention kernel, which is not "
                                f"running ({decode_attention})")
-        return load_fused_decode_layers(model, max_rows)
+        return fused_decode.load_fused_decode_layers(model, max_rows)
     except RuntimeError as error:
         if config.decode_products == "fused":
             raise

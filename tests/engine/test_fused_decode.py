@@ -15,11 +15,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from asyncrl.config import ConfigError
-from asyncrl.engine import EngineConfig, LLMEngine
 from asyncrl.bench.models import qwen2_config
-from asyncrl.engine import model_runner
-from asyncrl.models import build_tiny_model, iter_named_tensors, load_model
+from asyncrl.config import ConfigError, load_config
+from asyncrl.engine import EngineConfig, LLMEngine, fused_decode, model_runner
+from asyncrl.engine.fused_decode import (DOWN, GATE_UP, QKV, FusedDecodeLayers, O, launch_sizes,
+                                         slower_reason)
+from asyncrl.models import CausalLM, build_tiny_model, fuse_projections, iter_named_tensors, load_model
+from asyncrl.models.tiny import tiny_config
 
 from .test_cuda_engine import dense_log_probs_cuda, requests_for, wide_folder  # noqa: F401 (a fixture)
 
@@ -41,8 +43,7 @@ def relative_error(result: torch.Tensor, expected: torch.Tensor) -> float:
 @needs_hopper
 @pytest.mark.parametrize("rows", [256, 37])
 def test_each_fused_product_equals_the_models_composition(rows):
-    from asyncrl.engine.fused_decode import DOWN, GATE_UP, O, QKV, _extension
-    product = _extension().fused_product
+    product = fused_decode._extension().fused_product
     generator = torch.Generator(device="cuda").manual_seed(rows)
 
     def random(*shape, scale=1.0):
@@ -112,15 +113,12 @@ def test_engine_config_checks_decode_products():
 
 
 def test_run_config_rejects_fused_products_with_the_triton_kernel():
-    from asyncrl.config import load_config
     with pytest.raises(ConfigError, match="rollout.decode_products=fused"):
         load_config(overrides=["rollout.decode_products=fused", "rollout.decode_attention=triton"])
 
 
 @pytest.mark.parametrize("asked", ["auto", "fused"])
 def test_auto_falls_back_to_the_models_layers_with_a_warning(monkeypatch, caplog, asked):
-    from asyncrl.engine import fused_decode
-
     def load(model, max_rows):
         raise RuntimeError("the fused decode layers could not be built (no nvcc)")
 
@@ -146,7 +144,6 @@ def test_auto_falls_back_to_the_models_layers_with_a_warning(monkeypatch, caplog
 def test_auto_keeps_the_models_layers_where_a_fused_launch_would_take_two_waves(caplog):
     """The tiles are sized for one wave of 132 SMs at 256 rows of the 0.5B shapes: 72, 56, 122 and 112 CTAs. The
     1.5B gate/up takes 224 (measured slower fused: 0.500 against 0.562 of the roofline)."""
-    from asyncrl.engine.fused_decode import launch_sizes, slower_reason
     small, large = qwen2_config("qwen2.5-0.5b"), qwen2_config("qwen2.5-1.5b")
     assert launch_sizes(small, 256) == {"q/k/v": 72, "o": 56, "gate/up": 122, "down": 112}
     assert slower_reason(small, 256, 132) is None
@@ -163,7 +160,6 @@ class TorchProducts:
 
     @staticmethod
     def fused_product(kind, a, w, out, bias, residual, squares_in, squares_out, squares_clear, eps, programmatic):
-        from asyncrl.engine.fused_decode import GATE_UP
         if squares_clear is not None:
             squares_clear.zero_()
         product = a.float() @ w.float().T
@@ -196,9 +192,6 @@ class SelfOnlyAttention:
 def test_fused_layers_compute_the_models_decode_forward_and_follow_weight_updates():
     """The wiring of `FusedDecodeLayers.forward` (the folded weights, the statistics passed from product to product,
     the residuals), on CPU in fp32 with the products' semantics in torch: the model's own forward, to float rounding."""
-    from asyncrl.engine.fused_decode import FusedDecodeLayers
-    from asyncrl.models import CausalLM, fuse_projections
-    from asyncrl.models.tiny import tiny_config
     torch.manual_seed(0)
     model = CausalLM(tiny_config("qwen2", num_layers=3)).eval()
     with torch.no_grad():
