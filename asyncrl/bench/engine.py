@@ -198,6 +198,18 @@ def measure_transformers(reference, requests: list[GenerationRequest], device: s
             "peak_memory_bytes": _peak_memory_bytes(device)}
 
 
+def benchmark_model(model: str | Path | TransformerConfig, dtype: torch.dtype, device: str,
+                    seed: int) -> tuple[CausalLM, str, Path | None]:
+    """The benchmarked model, its display name and its HF folder (None for random weights): `model` is an HF folder,
+    a Qwen2.5 size name or a TransformerConfig."""
+    if isinstance(model, TransformerConfig):
+        return random_model(model, dtype, device, seed), f"random {model.model_type}", None
+    if str(model) in QWEN2_SHAPES:
+        return random_model(qwen2_config(str(model)), dtype, device, seed), f"{model} (random weights)", None
+    folder = Path(model)
+    return load_model(folder, dtype=dtype, device=device), folder.name, folder
+
+
 def run_engine_benchmark(model: str | Path | TransformerConfig = "qwen2.5-0.5b", num_requests: int = 256,
                          prompt_lengths: str | LengthDistribution = "128",
                          output_lengths: str | LengthDistribution = "512", dtype: torch.dtype | None = None,
@@ -220,14 +232,7 @@ def run_engine_benchmark(model: str | Path | TransformerConfig = "qwen2.5-0.5b",
         prompt_lengths = LengthDistribution.parse(prompt_lengths)
     if not isinstance(output_lengths, LengthDistribution):
         output_lengths = LengthDistribution.parse(output_lengths)
-    folder = None
-    if isinstance(model, TransformerConfig):
-        ours, name = random_model(model, dtype, device, seed), f"random {model.model_type}"
-    elif str(model) in QWEN2_SHAPES:
-        ours, name = random_model(qwen2_config(str(model)), dtype, device, seed), f"{model} (random weights)"
-    else:
-        folder = Path(model)
-        ours, name = load_model(folder, dtype=dtype, device=device), folder.name
+    ours, name, folder = benchmark_model(model, dtype, device, seed)
     requests = make_workload(num_requests, prompt_lengths, output_lengths, ours.config.vocab_size, seed)
     config = EngineConfig(device=device, dtype=dtype, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens,

@@ -52,32 +52,36 @@ using fused::kSwiglu;
 constexpr int kHidden = 896, kQkv = 1152, kInter = 4864;  // Qwen2.5-0.5B
 constexpr float kEps = 1e-6f;
 
-#define FUSED(BN, BM, ST, EP, NORM, SPLITS) fused::launch<BN, BM, ST, EP, NORM, SPLITS>
+// A table entry: the epilogue and norm are the launch's own template arguments.
+template <int BN, int BM, int STAGES, int EPILOGUE, int NORM, int SPLITS>
+Product product(const char* shape, const char* name, int n, int k, bool bias) {
+    return {shape, name, n, k, EPILOGUE, NORM, bias, fused::launch<BN, BM, STAGES, EPILOGUE, NORM, SPLITS>};
+}
+
 const Product kProducts[] = {
-    {"q/k/v", "plain BN 32, BM 128, 8 st", kQkv, kHidden, kPlain, kNoNorm, false, FUSED(32, 128, 8, kPlain, kNoNorm, 1)},
-    {"q/k/v", "norm + bias BN 32, BM 128, 8 st", kQkv, kHidden, kPlain, kNormInKernel, true, FUSED(32, 128, 8, kPlain, kNormInKernel, 1)},
-    {"q/k/v", "stats + bias BN 32, BM 128, 8 st", kQkv, kHidden, kPlain, kNormFromStats, true, FUSED(32, 128, 8, kPlain, kNormFromStats, 1)},
-    {"o", "plain BN 32, BM 128, 8 st", kHidden, kHidden, kPlain, kNoNorm, false, FUSED(32, 128, 8, kPlain, kNoNorm, 1)},
-    {"o", "residual BN 32, BM 128, 8 st", kHidden, kHidden, kResidual, kNoNorm, false, FUSED(32, 128, 8, kResidual, kNoNorm, 1)},
-    {"o", "residual BN 32, BM 256, 5 st, split 2", kHidden, kHidden, kResidual, kNoNorm, false, FUSED(32, 256, 5, kResidual, kNoNorm, 2)},
-    {"gate/up", "plain BN 80, BM 256, 5 st", 2 * kInter, kHidden, kPlain, kNoNorm, false, FUSED(80, 256, 5, kPlain, kNoNorm, 1)},
-    {"gate/up", "SwiGLU BN 80, BM 256, 5 st", kInter, kHidden, kSwiglu, kNoNorm, false, FUSED(80, 256, 5, kSwiglu, kNoNorm, 1)},
-    {"gate/up", "norm + SwiGLU BN 80, BM 256, 5 st", kInter, kHidden, kSwiglu, kNormInKernel, false, FUSED(80, 256, 5, kSwiglu, kNormInKernel, 1)},
-    {"gate/up", "stats + SwiGLU BN 80, BM 256, 5 st", kInter, kHidden, kSwiglu, kNormFromStats, false, FUSED(80, 256, 5, kSwiglu, kNormFromStats, 1)},
-    {"down", "residual BN 32, BM 256, 5 st, split 4", kHidden, kInter, kResidual, kNoNorm, false, FUSED(32, 256, 5, kResidual, kNoNorm, 4)},
-    {"down", "residual BN 64, BM 256, 5 st, split 8", kHidden, kInter, kResidual, kNoNorm, false, FUSED(64, 256, 5, kResidual, kNoNorm, 8)},
-    {"down", "residual BN 64, BM 128, 8 st, split 4", kHidden, kInter, kResidual, kNoNorm, false, FUSED(64, 128, 8, kResidual, kNoNorm, 4)},
+    product<32, 128, 8, kPlain, kNoNorm, 1>("q/k/v", "plain BN 32, BM 128, 8 st", kQkv, kHidden, false),
+    product<32, 128, 8, kPlain, kNormInKernel, 1>("q/k/v", "norm + bias BN 32, BM 128, 8 st", kQkv, kHidden, true),
+    product<32, 128, 8, kPlain, kNormFromStats, 1>("q/k/v", "stats + bias BN 32, BM 128, 8 st", kQkv, kHidden, true),
+    product<32, 128, 8, kPlain, kNoNorm, 1>("o", "plain BN 32, BM 128, 8 st", kHidden, kHidden, false),
+    product<32, 128, 8, kResidual, kNoNorm, 1>("o", "residual BN 32, BM 128, 8 st", kHidden, kHidden, false),
+    product<32, 256, 5, kResidual, kNoNorm, 2>("o", "residual BN 32, BM 256, 5 st, split 2", kHidden, kHidden, false),
+    product<80, 256, 5, kPlain, kNoNorm, 1>("gate/up", "plain BN 80, BM 256, 5 st", 2 * kInter, kHidden, false),
+    product<80, 256, 5, kSwiglu, kNoNorm, 1>("gate/up", "SwiGLU BN 80, BM 256, 5 st", kInter, kHidden, false),
+    product<80, 256, 5, kSwiglu, kNormInKernel, 1>("gate/up", "norm + SwiGLU BN 80, BM 256, 5 st", kInter, kHidden, false),
+    product<80, 256, 5, kSwiglu, kNormFromStats, 1>("gate/up", "stats + SwiGLU BN 80, BM 256, 5 st", kInter, kHidden, false),
+    product<32, 256, 5, kResidual, kNoNorm, 4>("down", "residual BN 32, BM 256, 5 st, split 4", kHidden, kInter, false),
+    product<64, 256, 5, kResidual, kNoNorm, 8>("down", "residual BN 64, BM 256, 5 st, split 8", kHidden, kInter, false),
+    product<64, 128, 8, kResidual, kNoNorm, 4>("down", "residual BN 64, BM 128, 8 st, split 4", kHidden, kInter, false),
     // Fewer stages, so that a CTA of the next product fits in shared memory beside one of these: down (96 KB, ~25k
     // registers) beside q/k/v (80 KB, ~16k). o (80 KB) beside gate/up (126 KB) fits in shared memory, but not in
     // registers as compiled (~25k + ~49k of 64k), nor does gate/up beside down. Not yet measured.
-    {"q/k/v", "stats + bias BN 32, BM 128, 4 st", kQkv, kHidden, kPlain, kNormFromStats, true, FUSED(32, 128, 4, kPlain, kNormFromStats, 1)},
-    {"o", "residual BN 32, BM 128, 4 st", kHidden, kHidden, kResidual, kNoNorm, false, FUSED(32, 128, 4, kResidual, kNoNorm, 1)},
-    {"gate/up", "stats + SwiGLU BN 80, BM 256, 3 st", kInter, kHidden, kSwiglu, kNormFromStats, false, FUSED(80, 256, 3, kSwiglu, kNormFromStats, 1)},
-    {"down", "residual BN 64, BM 128, 4 st, split 4", kHidden, kInter, kResidual, kNoNorm, false, FUSED(64, 128, 4, kResidual, kNoNorm, 4)},
+    product<32, 128, 4, kPlain, kNormFromStats, 1>("q/k/v", "stats + bias BN 32, BM 128, 4 st", kQkv, kHidden, true),
+    product<32, 128, 4, kResidual, kNoNorm, 1>("o", "residual BN 32, BM 128, 4 st", kHidden, kHidden, false),
+    product<80, 256, 3, kSwiglu, kNormFromStats, 1>("gate/up", "stats + SwiGLU BN 80, BM 256, 3 st", kInter, kHidden, false),
+    product<64, 128, 4, kResidual, kNoNorm, 4>("down", "residual BN 64, BM 128, 4 st, split 4", kHidden, kInter, false),
 };
-#undef FUSED
 
-const Product& product(const std::string& shape, const std::string& name) {
+const Product& find_product(const std::string& shape, const std::string& name) {
     for (const Product& p : kProducts)
         if (shape == p.shape && name == p.name) return p;
     std::fprintf(stderr, "no product %s / %s\n", shape.c_str(), name.c_str());
@@ -231,8 +235,8 @@ void time_all() {
 // between q/k/v and o (a plain launch, as in the engine) on that case's caches, reading q/k/v's output.
 void time_chain(const char* qkv_name, const char* o_name, const char* gate_up_name, const char* down_name,
                 bool programmatic, const attention_case::Case* attention = nullptr) {
-    const Product &qkv = product("q/k/v", qkv_name), &o = product("o", o_name),
-                  &gate_up = product("gate/up", gate_up_name), &down = product("down", down_name);
+    const Product &qkv = find_product("q/k/v", qkv_name), &o = find_product("o", o_name),
+                  &gate_up = find_product("gate/up", gate_up_name), &down = find_product("down", down_name);
     const int m = 256, layers = 24;
     __nv_bfloat16 *x, *qkv_out, *attended, *x_mid, *h, *w_qkv, *b_qkv, *w_o, *w_gate_up, *w_down;
     float *squares_x, *squares_mid;  // the norms' statistics: of x (down adds them up), of x_mid (o does)

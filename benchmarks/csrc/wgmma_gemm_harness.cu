@@ -346,6 +346,21 @@ struct Shape {
 // "K 64": gate/up with one block of K, the kernel's cost before and after its loop (launch, first copies, epilogue).
 const Shape kShapes[] = {{"gate/up", 9728, 896}, {"q/k/v", 1152, 896}, {"o", 896, 896}, {"K 64", 9728, 64}};
 
+// One configuration's launch into NaN-poisoned c, read back and compared with `expected`; prints a line.
+bool check_launch(const Config& config, const char* label, const __nv_bfloat16* a, const __nv_bfloat16* w,
+                  __nv_bfloat16* c, int m, int n, int k, const std::vector<float>& expected, float largest) {
+    CHECK_CUDA(cudaMemset(c, 0xFF, sizeof(__nv_bfloat16) * expected.size()));  // NaN: an unwritten output shows
+    config.launch(a, w, c, m, n, k, 0);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<__nv_bfloat16> result(expected.size());
+    CHECK_CUDA(cudaMemcpy(result.data(), c, sizeof(__nv_bfloat16) * result.size(), cudaMemcpyDeviceToHost));
+    const double worst = largest_error(result, expected, largest);
+    const bool ok = worst < 1e-2;
+    std::printf("check %-8s %-40s largest error %.2e of the largest output: %s\n", label, config.name, worst,
+                ok ? "ok" : "WRONG");
+    return ok;
+}
+
 int check() {
     const int m = 256;
     bool all_ok = true;
@@ -364,19 +379,9 @@ int check() {
         CHECK_CUDA(cudaMemcpy(expected.data(), reference, sizeof(float) * expected.size(), cudaMemcpyDeviceToHost));
         float largest = 0.0f;
         for (float value : expected) largest = std::fmax(largest, std::fabs(value));
-        for (const Config& config : kConfigs) {
-            if (config.timing_only) continue;
-            CHECK_CUDA(cudaMemset(c, 0xFF, sizeof(__nv_bfloat16) * m * shape.n));  // NaN: an unwritten output shows
-            config.launch(a, w, c, m, shape.n, shape.k, 0);
-            CHECK_CUDA(cudaDeviceSynchronize());
-            std::vector<__nv_bfloat16> result(expected.size());
-            CHECK_CUDA(cudaMemcpy(result.data(), c, sizeof(__nv_bfloat16) * result.size(), cudaMemcpyDeviceToHost));
-            const double worst = largest_error(result, expected, largest);
-            const bool ok = worst < 1e-2;
-            all_ok = all_ok && ok;
-            std::printf("check %-8s %-40s largest error %.2e of the largest output: %s\n", shape.name, config.name, worst,
-                        ok ? "ok" : "WRONG");
-        }
+        for (const Config& config : kConfigs)
+            if (!config.timing_only)
+                all_ok = check_launch(config, shape.name, a, w, c, m, shape.n, shape.k, expected, largest) && all_ok;
         CHECK_CUDA(cudaFree(a));
         CHECK_CUDA(cudaFree(w));
         CHECK_CUDA(cudaFree(c));
@@ -447,18 +452,8 @@ int check_swiglu() {
             largest = std::fmax(largest, std::fabs(value));
         }
     bool all_ok = true;
-    for (const Config& config : kSwigluConfigs) {
-        CHECK_CUDA(cudaMemset(c, 0xFF, sizeof(__nv_bfloat16) * m * inter));
-        config.launch(a, w, c, m, inter, k, 0);
-        CHECK_CUDA(cudaDeviceSynchronize());
-        std::vector<__nv_bfloat16> result(expected.size());
-        CHECK_CUDA(cudaMemcpy(result.data(), c, sizeof(__nv_bfloat16) * result.size(), cudaMemcpyDeviceToHost));
-        const double worst = largest_error(result, expected, largest);
-        const bool ok = worst < 1e-2;
-        all_ok = all_ok && ok;
-        std::printf("check %-8s %-40s largest error %.2e of the largest output: %s\n", "SwiGLU", config.name, worst,
-                    ok ? "ok" : "WRONG");
-    }
+    for (const Config& config : kSwigluConfigs)
+        all_ok = check_launch(config, "SwiGLU", a, w, c, m, inter, k, expected, largest) && all_ok;
     CHECK_CUDA(cudaFree(a));
     CHECK_CUDA(cudaFree(w));
     CHECK_CUDA(cudaFree(c));
