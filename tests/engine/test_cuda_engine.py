@@ -79,20 +79,39 @@ def dense_log_probs_cuda(model, result) -> np.ndarray:
     return log_probs.gather(1, ids[0, result.prompt_ids.size:, None]).squeeze(1).cpu().numpy()
 
 
+def worst_log_prob_errors(folder, results) -> tuple[float, float]:
+    """Against a dense fp32 forward of each result's own tokens, the worst mean |log-prob error| over the results: of
+    the results' log-probs, and of a dense bf16 forward's (bf16's own rounding noise for this model). A bf16 engine is
+    held to a multiple of that noise rather than to a fixed number: two bf16 paths differ by about it, and a fixed
+    0.05 between them failed now and then on correct paths (0.051 for one of 8 results, 2026-12-04)."""
+    exact = load_model(folder, dtype=torch.float32, device="cuda")
+    rounded = load_model(folder, dtype=torch.bfloat16, device="cuda")
+    engine_errors, dense_errors = [], []
+    for result in results:
+        truth = dense_log_probs_cuda(exact, result)
+        engine_errors.append(np.abs(result.response_log_probs - truth).mean())
+        dense_errors.append(np.abs(dense_log_probs_cuda(rounded, result) - truth).mean())
+    return float(max(engine_errors)), float(max(dense_errors))
+
+
+def assert_within_bf16_noise(folder, results) -> None:
+    """The engine's bf16 log-probs are no further from fp32 than twice a dense bf16 forward's: a wrong kernel, layer
+    or stale weight is off by far more (O(1) per token)."""
+    engine_error, dense_error = worst_log_prob_errors(folder, results)
+    assert engine_error < 2 * dense_error, (engine_error, dense_error)
+
+
 def test_bf16_log_probs_match_a_dense_forward_with_and_without_graphs(wide_folder):
     """In bf16 sampled tokens may diverge between paths (near-ties round differently), so each path is
     checked against a teacher-forced dense forward of its own tokens. With blocks of 128 positions, 150 new
     tokens cross the first block: the decode kernel reads whole-block tiles from two blocks per sequence."""
-    model = load_model(wide_folder, dtype=torch.bfloat16, device="cuda")
     for enforce_eager in (True, False):
         engine = cuda_engine(wide_folder, dtype=torch.bfloat16, enforce_eager=enforce_eager, block_size=128)
         results = engine.generate(requests_for(40, max_new_tokens=150))
         assert (engine.runner.graphs is None) == enforce_eager
         if not enforce_eager:
             assert len(engine.runner.graphs.graphs) > 0
-        differences = [np.abs(result.response_log_probs - dense_log_probs_cuda(model, result)).mean()
-                       for result in results[:8]]
-        assert max(differences) < 0.05, differences
+        assert_within_bf16_noise(wide_folder, results[:8])
 
 
 def test_bf16_prefill_attention_runs_varlen_and_equals_the_padded_rows():
