@@ -75,9 +75,9 @@ def load_fused_layers(model: CausalLM, config: EngineConfig, decode_attention: s
 
 def load_cuda_kernels(decode_attention: str) -> tuple[str, DecodeKernel, FusedSampleKernel]:
     """The decode-attention kernel `EngineConfig.decode_attention` asks for (with the name of the one that
-    runs, "cuda" or "triton"), and the fused sampler."""
+    runs, "cuda" or "triton"), and the fused sampler (ours in CUDA, or Triton's where it cannot be built)."""
     # Imported here, not at the top: triton ships with CUDA installs only.
-    from asyncrl.engine import cuda_decode, triton_kernels, triton_sampler
+    from asyncrl.engine import cuda_decode, cuda_sampler, triton_kernels, triton_sampler
     name, decode_kernel = "triton", triton_kernels.paged_decode_attention
     if decode_attention != "triton":
         try:
@@ -86,7 +86,12 @@ def load_cuda_kernels(decode_attention: str) -> tuple[str, DecodeKernel, FusedSa
             if decode_attention == "cuda":
                 raise
             logger.warning("engine.decode_attention='auto' uses the Triton kernel: %s", error)
-    return name, decode_kernel, triton_sampler.fused_sample
+    try:
+        sample_kernel = cuda_sampler.load_sample_kernel()
+    except RuntimeError as error:
+        logger.warning("the engine samples with the Triton kernel: %s", error)
+        sample_kernel = triton_sampler.fused_sample
+    return name, decode_kernel, sample_kernel
 
 
 class ModelRunner:

@@ -28,7 +28,7 @@ MASK32 = 0xFFFFFFFF
 GOLDEN32 = 0x9E3779B9  # Weyl increment: consecutive vocabulary ids land far apart before hashing
 SEED_SALT = 0x632BE5AB
 POSITION_SALT = 0x85157AF5
-UNIFORM_SCALE = 2.0**-24
+UNIFORM_SCALE = 2.0**-23
 
 # logits (S, V) fp32, temperatures (S,), thresholds (S,), row_keys (S,) int64 -> token ids (S,), log-probs (S,)
 FusedSampleKernel = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -74,10 +74,18 @@ def row_keys(seeds: IntArray, positions: IntArray) -> IntArray:
     return position_keys(seed_keys(seeds), positions)
 
 
+def uniform_from_bits(bits: Tensor) -> Tensor:
+    """32 hashed bits (int64 in [0, 2**32)) -> uniform fp32 ((bits >> 9) + 0.5) 2**-23, in [2**-24, 1 - 2**-24].
+
+    23 bits, so that every value is exact in fp32 and none is 1. With 24 bits the top value, (2**24 - 0.5) 2**-24,
+    rounded to exactly 1.0: its Gumbel noise -log(-log 1) is +inf, so in ~0.9% of the rows of a 152k vocabulary
+    some token had won the race whatever its logit (fixed 2026-12-04)."""
+    return ((bits >> 9).to(torch.float32) + 0.5) * UNIFORM_SCALE
+
+
 def uniform_noise(keys: Tensor, vocab_ids: Tensor) -> Tensor:
-    """Uniform (0, 1) fp32 of shape keys x vocab_ids broadcast, from 24 hashed bits (exact in fp32)."""
-    bits = mix_32((keys + multiply_32(vocab_ids, GOLDEN32)) & MASK32)
-    return ((bits >> 8).to(torch.float32) + 0.5) * UNIFORM_SCALE
+    """Uniform (0, 1) fp32 of shape keys x vocab_ids broadcast, from the counter hash (`uniform_from_bits`)."""
+    return uniform_from_bits(mix_32((keys + multiply_32(vocab_ids, GOLDEN32)) & MASK32))
 
 
 def gumbel_noise(keys: Tensor, vocab_size: int) -> Tensor:

@@ -41,18 +41,23 @@ def _reduce_lanes(lane_max, lane_sum, lane_weight, lane_noise, lane_index, vocab
     return split_max, split_sum, best_score, best_index
 
 
+NOISE_FLOOR = tl.constexpr(8.5e-8)  # just under -log2(1 - 2**-24) = 8.599e-8
+
+
 @triton.jit
 def _race_noise(key, vocab_ids, is_greedy, FAST_MATH: tl.constexpr):
     """Each logit's noise in the Gumbel race: -log2(u) (Exp(1) over ln 2; 1 on greedy rows), u from the same
     counter hash as `sampler.uniform_noise`. log2 is the hardware's approximate one (one MUFU.LG2, relative
     error ~2**-22) on a GPU, libdevice's polynomial under the CPU interpreter, which lacks the fast functions."""
     bits = _mix_32(key + vocab_ids.to(tl.uint32) * 0x9E3779B9)
-    uniform = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
+    uniform = ((bits >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23: `sampler.uniform_from_bits`
     if FAST_MATH:
         log2 = libdevice.fast_log2f(uniform)
     else:
         log2 = tl.log2(uniform)
-    return tl.where(is_greedy, 1.0, -log2)
+    # Never below the exact noise of the largest u, -log2(1 - 2**-24): the approximate log2's absolute error
+    # (~2**-22) could otherwise make the noise of a u next to 1 zero or negative, a certain win.
+    return tl.where(is_greedy, 1.0, tl.maximum(-log2, NOISE_FLOOR))
 
 
 @triton.jit

@@ -15,6 +15,7 @@ from asyncrl.engine.sampler import (
     row_keys,
     sample_reference,
     truncation_thresholds,
+    uniform_from_bits,
 )
 
 
@@ -56,6 +57,28 @@ def test_noise_depends_only_on_seed_and_position():
     # Standard Gumbel: mean 0.5772 (Euler's constant), variance pi^2 / 6.
     assert abs(noise.mean().item() - 0.5772) < 0.01
     assert abs(noise.var().item() - math.pi**2 / 6) < 0.03
+
+
+def test_uniform_noise_is_exact_and_never_reaches_one():
+    """The extreme hashes give 2**-24 and 1 - 2**-24 exactly, so every Gumbel noise is finite. (From 24 bits, the top
+    value rounded to 1.0, whose noise is +inf: that token won the race whatever its logit, in ~0.9% of 152k-token
+    rows.) A key whose top hash lands in a row, at a hopeless logit, does not win it."""
+    extremes = uniform_from_bits(torch.tensor([0, 0xFFFFFFFF, 0xFFFFFC00, 0x1FF], dtype=torch.int64))
+    assert extremes.tolist() == [2.0**-24, 1 - 2.0**-24, 1 - 3 * 2.0**-24, 2.0**-24]
+    assert torch.isfinite(-torch.log(-torch.log(extremes))).all()
+    # Find a (key, id) whose hash is the top one among 2**24 candidates: search keys against 1,024 ids at once.
+    vocab_ids = torch.arange(1024)
+    for start in range(0, 2**20, 4096):
+        keys = torch.arange(start, start + 4096)
+        bits = mix_32((keys[:, None] + (vocab_ids[None, :] * 0x9E3779B9 & 0xFFFFFFFF)) & 0xFFFFFFFF)
+        hits = ((bits >> 8) == 2**24 - 1).nonzero()
+        if len(hits) > 0:
+            key, token = int(keys[hits[0, 0]]), int(hits[0, 1])
+            break
+    logits = torch.zeros(1, 1024)
+    logits[0, token] = -30.0  # probability ~1e-13 / 1,024: never drawn
+    token_ids, _ = sample_reference(logits, torch.ones(1), torch.full((1,), float("-inf")), torch.tensor([key]))
+    assert token_ids.item() != token
 
 
 def test_gumbel_max_frequencies_follow_the_tempered_softmax():

@@ -1,0 +1,100 @@
+"""Our CUDA sampler (`asyncrl/engine/cuda_sampler.py`) against the torch reference and the Triton kernel
+(skipped without a GPU).
+
+    python -m pytest tests/engine/test_cuda_sampler.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asyncrl.engine.sampler import row_keys, sample_reference, uniform_noise
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("num_splits, dtype", [(1, torch.float32), (3, torch.float32), (8, torch.bfloat16)])
+def test_cuda_sample_matches_the_torch_sampler(num_splits, dtype):
+    """Any vocabulary split gives the reference's tokens (sampled, greedy, under a top-k threshold); bf16 logits
+    sample as their fp32 widening; log-probs are log_softmax(x / T) over the whole vocabulary."""
+    from asyncrl.engine.cuda_sampler import covers, fused_sample
+
+    generator = torch.Generator().manual_seed(1)
+    logits = (3 * torch.randn((6, 3000), generator=generator)).to(dtype).float().cuda()
+    temperatures = torch.tensor([1.0, 0.7, 0.0, 1.3, 1.0, 0.5], device="cuda")
+    thresholds = torch.full((6,), float("-inf"), device="cuda")
+    thresholds[3] = logits[3].topk(20).values[-1]
+    thresholds[2] = logits[2].topk(5).values[-1]  # greedy under a threshold: still the argmax
+    keys = row_keys(torch.tensor([1, 2, 3, 4, 2**62 + 5, 6], device="cuda"),
+                    torch.tensor([0, 5, 7, 9, 100, 3], device="cuda"))
+    expected_ids, expected_log_probs = sample_reference(logits, temperatures, thresholds, keys)
+    assert covers(logits.to(dtype))
+    token_ids, log_probs = fused_sample(logits.to(dtype), temperatures, thresholds, keys, num_splits)
+    assert token_ids.tolist() == expected_ids.tolist()
+    assert (log_probs - expected_log_probs).abs().max().item() <= 1e-4
+    assert logits[3, token_ids[3]] >= thresholds[3]
+
+
+def test_cuda_sample_picks_the_reference_token_on_many_rows():
+    """200 rows of mixed temperatures; every fifth is greedy with its best logit tied at ids 17 and 600 (the
+    lower id must win, across threads and splits)."""
+    from asyncrl.engine.cuda_sampler import fused_sample
+
+    generator = torch.Generator().manual_seed(3)
+    logits = 4 * torch.randn((200, 1000), generator=generator)
+    logits[::5, 17] = logits[::5, 600] = logits[::5].max(dim=1).values + 1.0
+    temperatures = torch.rand(200, generator=generator) * 1.5 + 0.1
+    temperatures[::5] = 0.0
+    logits, temperatures = logits.cuda(), temperatures.cuda()
+    thresholds = torch.full((200,), float("-inf"), device="cuda")
+    keys = row_keys(torch.arange(200, device="cuda"), torch.full((200,), 11, device="cuda"))
+    expected_ids, expected_log_probs = sample_reference(logits, temperatures, thresholds, keys)
+    token_ids, log_probs = fused_sample(logits, temperatures, thresholds, keys, num_splits=4)
+    assert token_ids.tolist() == expected_ids.tolist()
+    assert token_ids[::5].eq(17).all()
+    assert (log_probs - expected_log_probs).abs().max().item() <= 1e-4
+
+
+def test_cuda_sample_runs_the_reference_race_on_the_engine_shape():
+    """256 x 151,936 bf16 logits (Qwen2.5's vocabulary) at T = 1. The two kernels round the race differently (their
+    threads hold different ids), so on a near-tie they may pick different tokens; each token must win the race as
+    the reference scores it in float64 (x / T + Gumbel noise from the same hash) up to rounding, and the kernels
+    must agree on nearly every row. Log-probs: log_softmax over the full vocabulary."""
+    from asyncrl.engine import cuda_sampler, triton_sampler
+
+    rows, vocab_size = 256, 151_936
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    logits = (3 * torch.randn((rows, vocab_size), device="cuda", generator=generator)).to(torch.bfloat16)
+    temperatures = torch.ones(rows, device="cuda")
+    thresholds = torch.full((rows,), float("-inf"), device="cuda")
+    keys = row_keys(torch.arange(rows, device="cuda"), torch.full((rows,), 3, device="cuda"))
+    ours = cuda_sampler.fused_sample(logits, temperatures, thresholds, keys)
+    theirs = triton_sampler.fused_sample(logits, temperatures, thresholds, keys)
+    uniform = uniform_noise(keys[:, None], torch.arange(vocab_size, device="cuda")[None, :]).double()
+    scores = logits.double() - torch.log(-torch.log(uniform))  # (rows, V), the race at T = 1
+    best = scores.max(dim=1).values
+    # Both kernels take E = -log2(u) from the hardware's approximate log2 (absolute error ~2**-22): for a winner
+    # whose u is within ~1e-5 of 1 that moves its score by up to ~0.02. A wrong token loses by far more.
+    gaps = [best - scores.gather(1, token_ids[:, None]).squeeze(1) for token_ids in (ours[0], theirs[0])]
+    different = (ours[0] != theirs[0]).nonzero().flatten().tolist()
+    details = [(row, gaps[0][row].item(), gaps[1][row].item()) for row in different]
+    assert max(gap.max().item() for gap in gaps) <= 0.05, details
+    assert len(different) <= 3, details
+    expected_log_probs = torch.log_softmax(logits.float(), dim=-1).gather(1, ours[0][:, None]).squeeze(1)
+    assert (ours[1] - expected_log_probs).abs().max().item() <= 1e-4
+
+
+def test_logits_it_does_not_cover_go_to_the_triton_kernel():
+    """A vocabulary that is not a multiple of 8 cannot take 16-byte loads of whole rows: the Triton kernel
+    samples it, to the reference's tokens."""
+    from asyncrl.engine.cuda_sampler import covers, fused_sample
+
+    logits = 3 * torch.randn((4, 1001), generator=torch.Generator().manual_seed(5))
+    logits = logits.cuda()
+    assert not covers(logits)
+    temperatures = torch.tensor([1.0, 0.0, 0.8, 1.0], device="cuda")
+    thresholds = torch.full((4,), float("-inf"), device="cuda")
+    keys = row_keys(torch.arange(4, device="cuda"), torch.zeros(4, dtype=torch.int64, device="cuda"))
+    expected_ids, _ = sample_reference(logits, temperatures, thresholds, keys)
+    assert fused_sample(logits, temperatures, thresholds, keys)[0].tolist() == expected_ids.tolist()
