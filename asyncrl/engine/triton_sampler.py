@@ -1,6 +1,7 @@
-"""The fused Gumbel-max sampler of the CUDA path: one pass over the logits per (row, vocabulary split),
-then a merge. Imported only when the engine runs on CUDA; runs under Triton's interpreter on CPU
-(`TRITON_INTERPRET=1`, `tests/engine/test_triton_kernels.py`)."""
+"""The fused Gumbel-max sampler in Triton: one pass over the logits per (row, vocabulary split), then a merge.
+On CUDA it is the fallback of our CUDA kernel (`cuda_sampler.py`), which runs the same race in fewer
+instructions, where that cannot be built or does not cover the logits. Imported only when the engine runs on
+CUDA; runs under Triton's interpreter on CPU (`TRITON_INTERPRET=1`, `tests/engine/test_triton_kernels.py`)."""
 
 from __future__ import annotations
 
