@@ -14,6 +14,7 @@
 //   .devbuild/fused_layer_harness check   # every configuration against an fp32 reference, at 256 and 100 rows
 //   .devbuild/fused_layer_harness time    # us per product over 24 distinct weights, then the 24-layer chain
 //   .devbuild/fused_layer_harness layer   # the chain with the engine's attention kernel (contexts 640-1,536)
+//   .devbuild/fused_layer_harness halves  # the batch as two chains of 128 rows, one after the other or at once
 //
 // Answer (one H200, 2026-12-04, docs/benchmarks.md seventeenth round): all correct. The four fused products chained
 // take 39.2 us per layer with plain launches and 32.8 us as programmatic dependent launches, against 40.2 us for the
@@ -79,6 +80,8 @@ const Product kProducts[] = {
     product<32, 128, 4, kResidual, kNoNorm, 1>("o", "residual BN 32, BM 128, 4 st", kHidden, kHidden, false),
     product<80, 256, 3, kSwiglu, kNormFromStats, 1>("gate/up", "stats + SwiGLU BN 80, BM 256, 3 st", kInter, kHidden, false),
     product<64, 128, 4, kResidual, kNoNorm, 4>("down", "residual BN 64, BM 128, 4 st, split 4", kHidden, kInter, false),
+    // gate/up for a half batch of 128 rows (`halves` mode): BM 256 would compute 128 rows of padding.
+    product<80, 128, 6, kSwiglu, kNormFromStats, 1>("gate/up", "stats + SwiGLU BN 80, BM 128, 6 st", kInter, kHidden, false),
 };
 
 const Product& find_product(const std::string& shape, const std::string& name) {
@@ -186,12 +189,6 @@ bool check_product(const Product& p, int m) {
     return ok;
 }
 
-// One layer's buffers and weights for the timed chain; the stream x and x_mid alternate as the residual.
-struct LayerBuffers {
-    __nv_bfloat16 *x, *qkv, *attended, *x_mid, *h;
-    __nv_bfloat16 *w_qkv, *b_qkv, *w_o, *w_gate_up, *w_down;  // 24 layers each, back to back
-};
-
 void time_all() {
     const int m = 256, layers = 24;
     float* squares;
@@ -230,83 +227,167 @@ void time_all() {
     CHECK_CUDA(cudaFree(squares));
 }
 
+constexpr int kLayers = 24;
+
+// The 24 layers' weights, shared by every chain that runs them.
+struct Weights {
+    static constexpr size_t kQkv = static_cast<size_t>(::kQkv) * kHidden, kO = static_cast<size_t>(kHidden) * kHidden,
+                            kGateUp = static_cast<size_t>(2) * kInter * kHidden,
+                            kDown = static_cast<size_t>(kHidden) * kInter;
+    __nv_bfloat16 *qkv, *qkv_bias, *o, *gate_up, *down;
+
+    Weights() {
+        CHECK_CUDA(cudaMalloc(&qkv, sizeof(__nv_bfloat16) * kLayers * kQkv));
+        CHECK_CUDA(cudaMalloc(&qkv_bias, sizeof(__nv_bfloat16) * kLayers * ::kQkv));
+        CHECK_CUDA(cudaMalloc(&o, sizeof(__nv_bfloat16) * kLayers * kO));
+        CHECK_CUDA(cudaMalloc(&gate_up, sizeof(__nv_bfloat16) * kLayers * kGateUp));
+        CHECK_CUDA(cudaMalloc(&down, sizeof(__nv_bfloat16) * kLayers * kDown));
+        fill_random<<<512, 256>>>(qkv, kLayers * kQkv, 2, 0.05f);
+        fill_random<<<512, 256>>>(qkv_bias, static_cast<size_t>(kLayers) * ::kQkv, 3, 0.1f);
+        fill_random<<<512, 256>>>(o, kLayers * kO, 6, 0.05f);
+        fill_random<<<512, 256>>>(gate_up, kLayers * kGateUp, 7, 0.05f);
+        fill_random<<<512, 256>>>(down, kLayers * kDown, 8, 0.02f);
+    }
+    ~Weights() {
+        for (void* pointer : {static_cast<void*>(qkv), static_cast<void*>(qkv_bias), static_cast<void*>(o),
+                              static_cast<void*>(gate_up), static_cast<void*>(down)})
+            CHECK_CUDA(cudaFree(pointer));
+    }
+};
+
+// One chain's activations over m rows: the stream x and x_mid alternate as the residual; the norms' statistics of x
+// (down adds them up) and of x_mid (o does). With an attention case, q/k/v writes the case's q/k/v buffer and o
+// reads its output (its views); without, o reads a fixed stand-in for attention's output.
+struct Activations {
+    int m;
+    const attention_case::Case* attention;
+    __nv_bfloat16 *x, *qkv, *attended, *x_mid, *h;
+    float *squares_x, *squares_mid;
+
+    Activations(int rows, const attention_case::Case* case_or_null) : m(rows), attention(case_or_null) {
+        CHECK_CUDA(cudaMalloc(&squares_x, sizeof(float) * m));
+        CHECK_CUDA(cudaMalloc(&squares_mid, sizeof(float) * m));
+        CHECK_CUDA(cudaMemset(squares_x, 0, sizeof(float) * m));
+        CHECK_CUDA(cudaMemset(squares_mid, 0, sizeof(float) * m));
+        CHECK_CUDA(cudaMalloc(&x, sizeof(__nv_bfloat16) * m * kHidden));
+        CHECK_CUDA(cudaMalloc(&qkv, sizeof(__nv_bfloat16) * m * ::kQkv));
+        CHECK_CUDA(cudaMalloc(&attended, sizeof(__nv_bfloat16) * m * kHidden));
+        CHECK_CUDA(cudaMalloc(&x_mid, sizeof(__nv_bfloat16) * m * kHidden));
+        CHECK_CUDA(cudaMalloc(&h, sizeof(__nv_bfloat16) * m * kInter));
+        fill_random<<<512, 256>>>(x, static_cast<size_t>(m) * kHidden, 1, 2.0f);
+        fill_random<<<512, 256>>>(attended, static_cast<size_t>(m) * kHidden, 5, 2.0f);
+    }
+    ~Activations() {
+        for (void* pointer : {static_cast<void*>(x), static_cast<void*>(qkv), static_cast<void*>(attended),
+                              static_cast<void*>(x_mid), static_cast<void*>(h), static_cast<void*>(squares_x),
+                              static_cast<void*>(squares_mid)})
+            CHECK_CUDA(cudaFree(pointer));
+    }
+    __nv_bfloat16* qkv_target() const { return attention != nullptr ? attention->query : qkv; }
+    __nv_bfloat16* attended_source() const { return attention != nullptr ? attention->output : attended; }
+};
+
+struct Chain {
+    const Product &qkv, &o, &gate_up, &down;
+};
+
+Chain find_chain(const char* qkv, const char* o, const char* gate_up, const char* down) {
+    return {find_product("q/k/v", qkv), find_product("o", o), find_product("gate/up", gate_up),
+            find_product("down", down)};
+}
+
+// One layer of a chain on `stream`; which: -1 the layer, else only that part (0-3 the products, 4 attention).
+void enqueue_layer(const Chain& chain, const Activations& a, const Weights& w, int layer, cudaStream_t stream,
+                   bool programmatic, int which) {
+    const int m = a.m;
+    if (which < 0 || which == 0)
+        chain.qkv.launch(a.x, w.qkv + layer * Weights::kQkv,
+                         {a.qkv_target(), w.qkv_bias + static_cast<size_t>(layer) * ::kQkv, nullptr, m, ::kQkv, kHidden,
+                          kEps, a.squares_x, nullptr, a.squares_mid},
+                         stream, programmatic);
+    if (a.attention != nullptr && (which < 0 || which == 4))
+        CHECK_CUDA(asyncrl_decode::launch_paged_decode(a.attention->params(layer), 64, 4, 3, stream));
+    if (which < 0 || which == 1)
+        chain.o.launch(a.attended_source(), w.o + layer * Weights::kO,
+                       {a.x_mid, nullptr, a.x, m, kHidden, kHidden, kEps, nullptr, a.squares_mid, nullptr}, stream,
+                       programmatic);
+    if (which < 0 || which == 2)
+        chain.gate_up.launch(a.x_mid, w.gate_up + layer * Weights::kGateUp,
+                             {a.h, nullptr, nullptr, m, kInter, kHidden, kEps, a.squares_mid, nullptr, a.squares_x},
+                             stream, programmatic);
+    if (which < 0 || which == 3)
+        chain.down.launch(a.h, w.down + layer * Weights::kDown,
+                          {a.x, nullptr, a.x_mid, m, kHidden, kInter, kEps, nullptr, a.squares_x, nullptr}, stream,
+                          programmatic);
+}
+
 // The 24 layers' four fused products in one graph, each layer reading what the one before wrote. Without an
 // attention case o reads a fixed stand-in for attention's output; with one, the engine's attention kernel runs
 // between q/k/v and o (a plain launch, as in the engine) on that case's caches, reading q/k/v's output.
 void time_chain(const char* qkv_name, const char* o_name, const char* gate_up_name, const char* down_name,
                 bool programmatic, const attention_case::Case* attention = nullptr) {
-    const Product &qkv = find_product("q/k/v", qkv_name), &o = find_product("o", o_name),
-                  &gate_up = find_product("gate/up", gate_up_name), &down = find_product("down", down_name);
-    const int m = 256, layers = 24;
-    __nv_bfloat16 *x, *qkv_out, *attended, *x_mid, *h, *w_qkv, *b_qkv, *w_o, *w_gate_up, *w_down;
-    float *squares_x, *squares_mid;  // the norms' statistics: of x (down adds them up), of x_mid (o does)
-    CHECK_CUDA(cudaMalloc(&squares_x, sizeof(float) * m));
-    CHECK_CUDA(cudaMalloc(&squares_mid, sizeof(float) * m));
-    CHECK_CUDA(cudaMemset(squares_x, 0, sizeof(float) * m));
-    CHECK_CUDA(cudaMemset(squares_mid, 0, sizeof(float) * m));
-    const size_t qkv_weights = static_cast<size_t>(kQkv) * kHidden, o_weights = static_cast<size_t>(kHidden) * kHidden,
-                 gate_up_weights = static_cast<size_t>(2) * kInter * kHidden,
-                 down_weights = static_cast<size_t>(kHidden) * kInter;
-    CHECK_CUDA(cudaMalloc(&x, sizeof(__nv_bfloat16) * m * kHidden));
-    CHECK_CUDA(cudaMalloc(&qkv_out, sizeof(__nv_bfloat16) * m * kQkv));
-    CHECK_CUDA(cudaMalloc(&attended, sizeof(__nv_bfloat16) * m * kHidden));
-    __nv_bfloat16 *qkv_target = qkv_out, *attended_source = attended;
-    if (attention != nullptr) {  // the case's q/k/v buffer (m x 1152, its views) and attention output (m x 896)
-        qkv_target = attention->query;
-        attended_source = attention->output;
-    }
-    CHECK_CUDA(cudaMalloc(&x_mid, sizeof(__nv_bfloat16) * m * kHidden));
-    CHECK_CUDA(cudaMalloc(&h, sizeof(__nv_bfloat16) * m * kInter));
-    CHECK_CUDA(cudaMalloc(&w_qkv, sizeof(__nv_bfloat16) * layers * qkv_weights));
-    CHECK_CUDA(cudaMalloc(&b_qkv, sizeof(__nv_bfloat16) * layers * kQkv));
-    CHECK_CUDA(cudaMalloc(&w_o, sizeof(__nv_bfloat16) * layers * o_weights));
-    CHECK_CUDA(cudaMalloc(&w_gate_up, sizeof(__nv_bfloat16) * layers * gate_up_weights));
-    CHECK_CUDA(cudaMalloc(&w_down, sizeof(__nv_bfloat16) * layers * down_weights));
-    fill_random<<<512, 256>>>(x, static_cast<size_t>(m) * kHidden, 1, 2.0f);
-    fill_random<<<512, 256>>>(attended, static_cast<size_t>(m) * kHidden, 5, 2.0f);
-    fill_random<<<512, 256>>>(w_qkv, layers * qkv_weights, 2, 0.05f);
-    fill_random<<<512, 256>>>(b_qkv, static_cast<size_t>(layers) * kQkv, 3, 0.1f);
-    fill_random<<<512, 256>>>(w_o, layers * o_weights, 6, 0.05f);
-    fill_random<<<512, 256>>>(w_gate_up, layers * gate_up_weights, 7, 0.05f);
-    fill_random<<<512, 256>>>(w_down, layers * down_weights, 8, 0.02f);
+    const Chain chain = find_chain(qkv_name, o_name, gate_up_name, down_name);
+    const Weights weights;
+    const Activations activations(256, attention);
     CHECK_CUDA(cudaDeviceSynchronize());
-    auto enqueue = [&](cudaStream_t stream, int which) {  // which: -1 the layer, else only that part
-        for (int layer = 0; layer < layers; ++layer) {
-            if (which < 0 || which == 0)
-                qkv.launch(x, w_qkv + layer * qkv_weights,
-                           {qkv_target, b_qkv + static_cast<size_t>(layer) * kQkv, nullptr, m, kQkv, kHidden, kEps, squares_x,
-                            nullptr, squares_mid},
-                           stream, programmatic);
-            if (attention != nullptr && (which < 0 || which == 4))
-                CHECK_CUDA(asyncrl_decode::launch_paged_decode(attention->params(layer), 64, 4, 3, stream));
-            if (which < 0 || which == 1)
-                o.launch(attended_source, w_o + layer * o_weights,
-                         {x_mid, nullptr, x, m, kHidden, kHidden, kEps, nullptr, squares_mid, nullptr}, stream, programmatic);
-            if (which < 0 || which == 2)
-                gate_up.launch(x_mid, w_gate_up + layer * gate_up_weights,
-                               {h, nullptr, nullptr, m, kInter, kHidden, kEps, squares_mid, nullptr, squares_x}, stream,
-                               programmatic);
-            if (which < 0 || which == 3)
-                down.launch(h, w_down + layer * down_weights,
-                            {x, nullptr, x_mid, m, kHidden, kInter, kEps, nullptr, squares_x, nullptr}, stream, programmatic);
-        }
+    auto enqueue = [&](cudaStream_t stream, int which) {
+        for (int layer = 0; layer < kLayers; ++layer)
+            enqueue_layer(chain, activations, weights, layer, stream, programmatic, which);
     };
     const char* parts[] = {"q/k/v", "o", "gate/up", "down", "attention"};
     double sum = 0.0;
     for (int which = 0; which < (attention != nullptr ? 5 : 4); ++which) {
-        const double us = graph_median_ms([&](cudaStream_t stream) { enqueue(stream, which); }, 20) * 1e3 / layers;
+        const double us = graph_median_ms([&](cudaStream_t stream) { enqueue(stream, which); }, 20) * 1e3 / kLayers;
         sum += us;
         std::printf("chain %-8s alone %6.2f us per layer\n", parts[which], us);
     }
-    const double us = graph_median_ms([&](cudaStream_t stream) { enqueue(stream, -1); }, 20) * 1e3 / layers;
+    const double us = graph_median_ms([&](cudaStream_t stream) { enqueue(stream, -1); }, 20) * 1e3 / kLayers;
     std::printf("chain layer%s%s (%s | %s | %s | %s): %6.2f us per layer (the parts alone sum to %.2f)\n",
                 attention != nullptr ? " with attention" : "", programmatic ? ", programmatic" : "", qkv_name, o_name,
                 gate_up_name, down_name, us, sum);
-    for (void* pointer : {static_cast<void*>(x), static_cast<void*>(qkv_out), static_cast<void*>(attended),
-                          static_cast<void*>(x_mid), static_cast<void*>(h), static_cast<void*>(w_qkv),
-                          static_cast<void*>(b_qkv), static_cast<void*>(w_o), static_cast<void*>(w_gate_up),
-                          static_cast<void*>(w_down), static_cast<void*>(squares_x), static_cast<void*>(squares_mid)})
-        CHECK_CUDA(cudaFree(pointer));
+}
+
+// The batch as two halves of 128 rows, each its own chain of programmatic launches over the shared weights. The
+// question: a product's fixed cost (its first A round trip after the wait, its epilogue, its last wave) is ~4-5 us
+// of its ~6-12; can the other half's products fill that time? Timed three ways, per layer of both halves: the
+// halves one after the other on one stream (each layer of A, then of B, so B's weights come from L2), and on two
+// streams that run at once. With attention cases (one per half), the attention kernel runs in each chain.
+void time_halves(const char* qkv_name, const char* o_name, const char* gate_up_name, const char* down_name,
+                 const attention_case::Case* attention_a = nullptr, const attention_case::Case* attention_b = nullptr) {
+    const Chain chain = find_chain(qkv_name, o_name, gate_up_name, down_name);
+    const Weights weights;
+    const Activations half_a(128, attention_a), half_b(128, attention_b);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    cudaStream_t other;
+    cudaEvent_t fork, join;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CHECK_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    const double one_half = graph_median_ms([&](cudaStream_t stream) {
+        for (int layer = 0; layer < kLayers; ++layer) enqueue_layer(chain, half_a, weights, layer, stream, true, -1);
+    }, 20) * 1e3 / kLayers;
+    const double in_turn = graph_median_ms([&](cudaStream_t stream) {
+        for (int layer = 0; layer < kLayers; ++layer) {
+            enqueue_layer(chain, half_a, weights, layer, stream, true, -1);
+            enqueue_layer(chain, half_b, weights, layer, stream, true, -1);
+        }
+    }, 20) * 1e3 / kLayers;
+    const double together = graph_median_ms([&](cudaStream_t stream) {
+        CHECK_CUDA(cudaEventRecord(fork, stream));
+        CHECK_CUDA(cudaStreamWaitEvent(other, fork, 0));
+        for (int layer = 0; layer < kLayers; ++layer) {
+            enqueue_layer(chain, half_a, weights, layer, stream, true, -1);
+            enqueue_layer(chain, half_b, weights, layer, other, true, -1);
+        }
+        CHECK_CUDA(cudaEventRecord(join, other));
+        CHECK_CUDA(cudaStreamWaitEvent(stream, join, 0));
+    }, 20) * 1e3 / kLayers;
+    std::printf("halves%s (%s | %s | %s | %s): one half %6.2f us per layer; both in turn on one stream %6.2f; both "
+                "at once on two streams %6.2f\n", attention_a != nullptr ? " with attention" : "", qkv_name, o_name,
+                gate_up_name, down_name, one_half, in_turn, together);
+    CHECK_CUDA(cudaStreamDestroy(other));
+    CHECK_CUDA(cudaEventDestroy(fork));
+    CHECK_CUDA(cudaEventDestroy(join));
 }
 
 int main(int argc, char** argv) {
@@ -345,6 +426,24 @@ int main(int argc, char** argv) {
         }
         return 0;
     }
-    std::fprintf(stderr, "usage: %s check | time | layer\n", argv[0]);
+    if (mode == "halves") {  // the batch as two chains of 128 rows, without and with attention
+        const char *qkv = "stats + bias BN 32, BM 128, 8 st", *o = "residual BN 32, BM 128, 8 st",
+                   *down = "residual BN 64, BM 128, 8 st, split 4";
+        time_chain(qkv, o, "stats + SwiGLU BN 80, BM 256, 5 st", down, true);
+        time_halves(qkv, o, "stats + SwiGLU BN 80, BM 128, 6 st", down);
+        time_halves(qkv, o, "stats + SwiGLU BN 80, BM 256, 5 st", down);
+        std::vector<int> lengths(256);
+        uint64_t state = 5;
+        for (int& length : lengths) length = 640 + static_cast<int>(attention_case::next_random(state) % 897);
+        const std::vector<int> first(lengths.begin(), lengths.begin() + 128), second(lengths.begin() + 128, lengths.end());
+        attention_case::Case whole = attention_case::make_case(attention_case::shape_of(64), lengths, kLayers, 11);
+        attention_case::Case half_a = attention_case::make_case(attention_case::shape_of(64), first, kLayers, 12);
+        attention_case::Case half_b = attention_case::make_case(attention_case::shape_of(64), second, kLayers, 13);
+        for (attention_case::Case* c : {&whole, &half_a, &half_b}) attention_case::add_rotary(*c);
+        time_chain(qkv, o, "stats + SwiGLU BN 80, BM 256, 5 st", down, true, &whole);
+        time_halves(qkv, o, "stats + SwiGLU BN 80, BM 128, 6 st", down, &half_a, &half_b);
+        return 0;
+    }
+    std::fprintf(stderr, "usage: %s check | time | layer | halves\n", argv[0]);
     return 2;
 }
