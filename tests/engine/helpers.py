@@ -6,12 +6,42 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from asyncrl.engine import EngineConfig, GenerationRequest, GenerationResult, LLMEngine, SamplingParams
 from asyncrl.engine.cuda_graph import DecodeGraphs
+from asyncrl.engine.sampler import row_keys
 from asyncrl.models import CausalLM
 
 EOS_ID = 1  # the character tokenizer's <|endoftext|>
+
+
+def mixed_sampling_rows(device: str, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """6 rows x 3,000 logits (as `dtype` would round them, held in fp32): sampled at several temperatures, greedy
+    (row 2, under a top-5 threshold), under a top-20 threshold (row 3), one seed past 2**62. -> logits, temperatures,
+    thresholds (raw logits, -inf: none), row keys."""
+    generator = torch.Generator().manual_seed(1)
+    logits = (3 * torch.randn((6, 3000), generator=generator)).to(dtype).float().to(device)
+    temperatures = torch.tensor([1.0, 0.7, 0.0, 1.3, 1.0, 0.5], device=device)
+    thresholds = torch.full((6,), float("-inf"), device=device)
+    thresholds[3] = logits[3].topk(20).values[-1]
+    thresholds[2] = logits[2].topk(5).values[-1]  # greedy under a threshold: still the argmax
+    keys = row_keys(torch.tensor([1, 2, 3, 4, 2**62 + 5, 6], device=device),
+                    torch.tensor([0, 5, 7, 9, 100, 3], device=device))
+    return logits, temperatures, thresholds, keys
+
+
+def tied_greedy_rows(device: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """200 rows x 1,000 logits at temperatures in [0.1, 1.6); every fifth row greedy, its best logit tied at ids 17
+    and 600 (the lower id must win). -> logits, temperatures, thresholds (none), row keys."""
+    generator = torch.Generator().manual_seed(3)
+    logits = 4 * torch.randn((200, 1000), generator=generator)
+    logits[::5, 17] = logits[::5, 600] = logits[::5].max(dim=1).values + 1.0
+    temperatures = torch.rand(200, generator=generator) * 1.5 + 0.1
+    temperatures[::5] = 0.0
+    thresholds = torch.full((200,), float("-inf"), device=device)
+    keys = row_keys(torch.arange(200, device=device), torch.full((200,), 11, device=device))
+    return logits.to(device), temperatures.to(device), thresholds, keys
 
 
 def make_engine(folder: Path, **config) -> LLMEngine:

@@ -11,6 +11,8 @@ import torch
 
 from asyncrl.engine.sampler import row_keys, sample_reference, uniform_noise
 
+from .helpers import mixed_sampling_rows, tied_greedy_rows
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -20,14 +22,7 @@ def test_cuda_sample_matches_the_torch_sampler(num_splits, dtype):
     sample as their fp32 widening; log-probs are log_softmax(x / T) over the whole vocabulary."""
     from asyncrl.engine.cuda_sampler import covers, fused_sample
 
-    generator = torch.Generator().manual_seed(1)
-    logits = (3 * torch.randn((6, 3000), generator=generator)).to(dtype).float().cuda()
-    temperatures = torch.tensor([1.0, 0.7, 0.0, 1.3, 1.0, 0.5], device="cuda")
-    thresholds = torch.full((6,), float("-inf"), device="cuda")
-    thresholds[3] = logits[3].topk(20).values[-1]
-    thresholds[2] = logits[2].topk(5).values[-1]  # greedy under a threshold: still the argmax
-    keys = row_keys(torch.tensor([1, 2, 3, 4, 2**62 + 5, 6], device="cuda"),
-                    torch.tensor([0, 5, 7, 9, 100, 3], device="cuda"))
+    logits, temperatures, thresholds, keys = mixed_sampling_rows("cuda", dtype)
     expected_ids, expected_log_probs = sample_reference(logits, temperatures, thresholds, keys)
     assert covers(logits.to(dtype))
     token_ids, log_probs = fused_sample(logits.to(dtype), temperatures, thresholds, keys, num_splits)
@@ -41,14 +36,7 @@ def test_cuda_sample_picks_the_reference_token_on_many_rows():
     lower id must win, across threads and splits)."""
     from asyncrl.engine.cuda_sampler import fused_sample
 
-    generator = torch.Generator().manual_seed(3)
-    logits = 4 * torch.randn((200, 1000), generator=generator)
-    logits[::5, 17] = logits[::5, 600] = logits[::5].max(dim=1).values + 1.0
-    temperatures = torch.rand(200, generator=generator) * 1.5 + 0.1
-    temperatures[::5] = 0.0
-    logits, temperatures = logits.cuda(), temperatures.cuda()
-    thresholds = torch.full((200,), float("-inf"), device="cuda")
-    keys = row_keys(torch.arange(200, device="cuda"), torch.full((200,), 11, device="cuda"))
+    logits, temperatures, thresholds, keys = tied_greedy_rows("cuda")
     expected_ids, expected_log_probs = sample_reference(logits, temperatures, thresholds, keys)
     token_ids, log_probs = fused_sample(logits, temperatures, thresholds, keys, num_splits=4)
     assert token_ids.tolist() == expected_ids.tolist()

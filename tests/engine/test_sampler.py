@@ -5,13 +5,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from asyncrl.engine.sampler import (
+    GOLDEN32,
+    MASK32,
     Sampler,
     SamplingInputs,
     gumbel_noise,
     mix_32,
+    multiply_32,
     row_keys,
     sample_reference,
     truncation_thresholds,
@@ -67,14 +71,15 @@ def test_uniform_noise_is_exact_and_never_reaches_one():
     assert extremes.tolist() == [2.0**-24, 1 - 2.0**-24, 1 - 3 * 2.0**-24, 2.0**-24]
     assert torch.isfinite(-torch.log(-torch.log(extremes))).all()
     # Find a (key, id) whose hash is the top one among 2**24 candidates: search keys against 1,024 ids at once.
-    vocab_ids = torch.arange(1024)
+    hashed_ids = multiply_32(torch.arange(1024), GOLDEN32)
     for start in range(0, 2**20, 4096):
         keys = torch.arange(start, start + 4096)
-        bits = mix_32((keys[:, None] + (vocab_ids[None, :] * 0x9E3779B9 & 0xFFFFFFFF)) & 0xFFFFFFFF)
-        hits = ((bits >> 8) == 2**24 - 1).nonzero()
+        hits = ((mix_32((keys[:, None] + hashed_ids[None, :]) & MASK32) >> 8) == 2**24 - 1).nonzero()
         if len(hits) > 0:
             key, token = int(keys[hits[0, 0]]), int(hits[0, 1])
             break
+    else:
+        pytest.fail("no key in 2**20 hashes to the top 24 bits at any of 1,024 ids")
     logits = torch.zeros(1, 1024)
     logits[0, token] = -30.0  # probability ~1e-13 / 1,024: never drawn
     token_ids, _ = sample_reference(logits, torch.ones(1), torch.full((1,), float("-inf")), torch.tensor([key]))

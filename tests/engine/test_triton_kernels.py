@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from asyncrl.engine.attention import AttentionMetadata, torch_paged_attention
-from asyncrl.engine.sampler import row_keys, sample_reference
+from asyncrl.engine.sampler import sample_reference
+
+from .helpers import mixed_sampling_rows, tied_greedy_rows
 
 IS_CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(
@@ -145,13 +147,7 @@ def test_fused_sample_matches_the_torch_sampler(num_splits, dtype):
     """Any vocabulary split gives the torch sampler's tokens; bf16 logits sample as their fp32 widening."""
     from asyncrl.engine.triton_sampler import fused_sample
 
-    generator = torch.Generator().manual_seed(1)
-    logits = (3 * torch.randn((6, 3000), generator=generator)).to(DEVICE).to(dtype).float()
-    temperatures = torch.tensor([1.0, 0.7, 0.0, 1.3, 1.0, 0.5], device=DEVICE)
-    thresholds = torch.full((6,), float("-inf"), device=DEVICE)
-    thresholds[3] = logits[3].topk(20).values[-1]
-    keys = row_keys(torch.tensor([1, 2, 3, 4, 2**62 + 5, 6], device=DEVICE),
-                    torch.tensor([0, 5, 7, 9, 100, 3], device=DEVICE))
+    logits, temperatures, thresholds, keys = mixed_sampling_rows(DEVICE, dtype)
     expected_ids, expected_log_probs = sample_reference(logits, temperatures, thresholds, keys)
     token_ids, log_probs = fused_sample(logits.to(dtype), temperatures, thresholds, keys, block_vocab=512,
                                         num_splits=num_splits)
@@ -165,13 +161,7 @@ def test_fused_sample_picks_the_reference_token_on_many_rows():
     every one of 200 rows with mixed temperatures, including greedy rows whose best logit is tied."""
     from asyncrl.engine.triton_sampler import fused_sample
 
-    generator = torch.Generator().manual_seed(3)
-    logits = (4 * torch.randn((200, 1000), generator=generator)).to(DEVICE)
-    logits[::5, 17] = logits[::5, 600] = logits[::5].max(dim=1).values + 1.0  # ties: the lower id must win
-    temperatures = torch.rand(200, generator=generator).to(DEVICE) * 1.5 + 0.1
-    temperatures[::5] = 0.0
-    thresholds = torch.full((200,), float("-inf"), device=DEVICE)
-    keys = row_keys(torch.arange(200, device=DEVICE), torch.full((200,), 11, device=DEVICE))
+    logits, temperatures, thresholds, keys = tied_greedy_rows(DEVICE)
     expected_ids, expected_log_probs = sample_reference(logits, temperatures, thresholds, keys)
     token_ids, log_probs = fused_sample(logits, temperatures, thresholds, keys, block_vocab=128, num_splits=4)
     assert token_ids.tolist() == expected_ids.tolist()
