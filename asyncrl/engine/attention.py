@@ -30,11 +30,13 @@ class DecodeKernel(Protocol):
 
     def __call__(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                  context_lens: Tensor, num_splits: int, *, new_key: Tensor, new_value: Tensor,
-                 write_slots: Tensor, row_order: Tensor | None, rotary: tuple[Tensor, Tensor] | None) -> Tensor:
+                 write_slots: Tensor, row_order: Tensor | None, rotary: tuple[Tensor, Tensor] | None,
+                 programmatic: bool) -> Tensor:
         """query (S, Hq, D); caches (num_blocks + 1, block_size, Hkv, D); block_tables (S, W) int32;
         context_lens (S,) int32 including the new token; new_key/new_value (S, Hkv, D) stored at write_slots
         (S,) by the kernel; row_order (S,) int32 the order the sequences' programs start in (None: as given);
-        rotary None, or (cos, sin) (S, D) when query and new_key arrive before RoPE -> (S, Hq, D)."""
+        rotary None, or (cos, sin) (S, D) when query and new_key arrive before RoPE; programmatic: the kernel
+        may start, and read the cache, before the kernel before it has finished -> (S, Hq, D)."""
         ...
 
 
@@ -84,11 +86,12 @@ class PagedAttention:
                              f"cos/sin go with, and only with, a backend that rotates")
         key_cache, value_cache = self.kv_cache.layer(layer_index)
         if self.decode_kernel is not None and metadata.is_decode:
-            # The kernel stores the new key/value itself: one launch per layer instead of three.
+            # The kernel stores the new key/value itself: one launch per layer instead of three. It may start
+            # early (programmatic): the kernel before it is the layer's q/k/v product, which writes no cache.
             return self.decode_kernel(query, key_cache, value_cache, metadata.block_tables, metadata.context_lens,
                                       metadata.num_splits, new_key=key, new_value=value,
                                       write_slots=metadata.write_slots, row_order=metadata.row_order,
-                                      rotary=rotary)
+                                      rotary=rotary, programmatic=True)
         self.kv_cache.write(layer_index, key, value, metadata.write_rows, metadata.write_slots)
         if self.decode_kernel is None:
             return torch_paged_attention(query, key_cache, value_cache, metadata)

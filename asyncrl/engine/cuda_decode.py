@@ -31,7 +31,8 @@ ENTRY = SOURCES / "paged_decode.cu"  # the torch entry; it includes the kernel, 
 _DECLARATION = ("torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache, "
                 "torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor new_key, "
                 "torch::Tensor new_value, torch::Tensor write_slots, std::optional<torch::Tensor> row_order, "
-                "std::optional<torch::Tensor> cos, std::optional<torch::Tensor> sin, int64_t warps, int64_t stages);")
+                "std::optional<torch::Tensor> cos, std::optional<torch::Tensor> sin, int64_t warps, int64_t stages, "
+                "bool programmatic);")
 MAX_GROUP = 8  # query heads per KV head: the rows of one tensor-core fragment
 
 
@@ -53,17 +54,23 @@ def covers(query: Tensor, key_cache: Tensor, num_splits: int) -> bool:
 def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                            context_lens: Tensor, num_splits: int = 1, *, new_key: Tensor, new_value: Tensor,
                            write_slots: Tensor, row_order: Tensor | None = None,
-                           rotary: tuple[Tensor, Tensor] | None = None, num_warps: int = 4,
-                           num_stages: int = 3) -> Tensor:
+                           rotary: tuple[Tensor, Tensor] | None = None, programmatic: bool = False,
+                           num_warps: int = 4, num_stages: int = 3) -> Tensor:
     """`DecodeKernel`: the CUDA kernel where it `covers` the call, the Triton kernel elsewhere. With `rotary`
-    the CUDA kernel rotates the query and the new key itself (no rotary kernel before it)."""
+    the CUDA kernel rotates the query and the new key itself (no rotary kernel before it).
+
+    `programmatic`: launch the CUDA kernel as a programmatic dependent launch. It then starts while the kernel
+    before it finishes and requests its first tiles of the cache before waiting for it, so that kernel must not
+    write the cache (in the engine it is the q/k/v product); a caller that has just written the cache leaves it
+    False."""
     if not covers(query, key_cache, num_splits):
         return triton_kernels.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens,
                                                      num_splits, new_key=new_key, new_value=new_value,
-                                                     write_slots=write_slots, row_order=row_order, rotary=rotary)
+                                                     write_slots=write_slots, row_order=row_order, rotary=rotary,
+                                                     programmatic=programmatic)
     cos, sin = (None, None) if rotary is None else rotary
     return _extension().paged_decode(query, key_cache, value_cache, block_tables, context_lens, new_key, new_value,
-                                     write_slots, row_order, cos, sin, num_warps, num_stages)
+                                     write_slots, row_order, cos, sin, num_warps, num_stages, programmatic)
 
 
 def load_decode_kernel() -> DecodeKernel:

@@ -207,7 +207,8 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
                            context_lens: Tensor, num_splits: int = 1, tile: int | None = None, num_warps: int = 4,
                            num_stages: int = 3, new_key: Tensor | None = None, new_value: Tensor | None = None,
                            write_slots: Tensor | None = None, row_order: Tensor | None = None,
-                           rotary: tuple[Tensor, Tensor] | None = None, max_registers: int | None = None) -> Tensor:
+                           rotary: tuple[Tensor, Tensor] | None = None, max_registers: int | None = None,
+                           programmatic: bool = False) -> Tensor:
     """query (S, Hq, D) of each sequence's newest token; key/value caches (num_blocks, block_size, Hkv, D);
     block_tables (S, W) int32; context_lens (S,) int32 (>= 1) -> (S, Hq, D) in the query's dtype.
     `num_splits` divides each context among that many programs (more parallelism for small batches);
@@ -225,7 +226,10 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
     `rotary` (cos, sin), each (S, D): the query and new key arrive before RoPE; `_rotated` rotates them first.
 
     `max_registers` caps the registers per thread (ptx .maxnreg), for sweeps only: on an H200 every cap from
-    48 to 128 measured slower than the compiler's choice (0.5B: 43.5-55.5 us against 41.0 us per layer)."""
+    48 to 128 measured slower than the compiler's choice (0.5B: 43.5-55.5 us against 41.0 us per layer).
+
+    `programmatic` is the `DecodeKernel` convention's (the CUDA kernel's early start); a Triton launch is always a
+    plain one, so it changes nothing here."""
     query, new_key = _rotated(query, new_key, rotary)
     _check_decode_layouts(query, key_cache, new_key, new_value, write_slots)
     write_new = new_key is not None

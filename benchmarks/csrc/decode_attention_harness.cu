@@ -61,7 +61,7 @@ bool check(Shape shape, int warps, int stages) {
     CHECK_CUDA(cudaMemcpy(c.key_caches[0], keys.data(), keys.size() * 2, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(c.value_caches[0], values.data(), values.size() * 2, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemset(c.output, 0xFF, static_cast<int64_t>(c.sequences) * shape.heads * d * 2));  // NaN poison
-    CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(0), d, warps, stages, nullptr));
+    CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(0), d, warps, stages, false, nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());
     keys = download(c.key_caches[0], c.cache_elements());
     values = download(c.value_caches[0], c.cache_elements());
@@ -120,13 +120,14 @@ std::vector<int> timed_lengths(uint64_t seed, int shortest = 640, int spread = 8
     return lengths;
 }
 
-// Median microseconds per launch: `layers` launches (one per layer's cache) in one graph, replayed.
-double time_launches(const Case& c, int warps, int stages, int layers, int replays) {
+// Median microseconds per launch: `layers` launches (one per layer's cache) in one graph, replayed; `programmatic`:
+// each a programmatic dependent launch, so that a launch fetches its first tiles while the one before finishes.
+double time_launches(const Case& c, int warps, int stages, int layers, int replays, bool programmatic = false) {
     const double milliseconds = graph_median_ms(
         [&](cudaStream_t stream) {
             for (int layer = 0; layer < layers; ++layer)
                 CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(layer), c.shape.head_dim, warps, stages,
-                                                               stream));
+                                                               programmatic, stream));
         },
         replays);
     return milliseconds * 1e3 / layers;
@@ -202,9 +203,12 @@ int main(int argc, char** argv) {
             Case c = make_case(shape_of(64), timed_lengths(1, shortest, spread), 24, 1);
             add_rotary(c);
             const double mean = std::accumulate(c.lengths.begin(), c.lengths.end(), 0.0) / c.sequences;
-            const double microseconds = time_launches(c, 4, 3, 24, 50);
-            std::printf("sweep contexts %4d-%4d, mean %6.1f: %6.2f us per layer, %5.2f TB/s of KV\n", shortest,
-                        shortest + spread, mean, microseconds, c.kv_bytes / microseconds / 1e6);
+            for (bool programmatic : {false, true}) {
+                const double microseconds = time_launches(c, 4, 3, 24, 50, programmatic);
+                std::printf("sweep contexts %4d-%4d, mean %6.1f%s: %6.2f us per layer, %5.2f TB/s of KV\n", shortest,
+                            shortest + spread, mean, programmatic ? ", programmatic" : "", microseconds,
+                            c.kv_bytes / microseconds / 1e6);
+            }
         }
         return 0;
     }
@@ -215,7 +219,7 @@ int main(int argc, char** argv) {
         Case c = make_case(shape_of(64), timed_lengths(1, 16, 0), once ? 1 : 24, 1);
         add_rotary(c);
         if (once) {
-            CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(0), 64, 4, 3, nullptr));
+            CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(0), 64, 4, 3, false, nullptr));
             CHECK_CUDA(cudaDeviceSynchronize());
             std::printf("floor once: launched\n");
             return 0;
@@ -236,7 +240,7 @@ int main(int argc, char** argv) {
     for (int w : warps)
         for (int s : stages) {
             if (mode == "once") {
-                CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(0), head_dim, w, s, nullptr));
+                CHECK_CUDA(asyncrl_decode::launch_paged_decode(c.params(0), head_dim, w, s, false, nullptr));
                 CHECK_CUDA(cudaDeviceSynchronize());
                 std::printf("once head_dim %d warps %d stages %d: launched\n", head_dim, w, s);
                 continue;

@@ -297,8 +297,10 @@ Chain find_chain(const char* qkv, const char* o, const char* gate_up, const char
 }
 
 // One layer of a chain on `stream`; which: -1 the layer, else only that part (0-3 the products, 4 attention).
+// `programmatic_attention`: attention too as a programmatic dependent launch (it fetches its first tiles of the
+// cache while q/k/v finishes, and lets o launch as its CTAs leave).
 void enqueue_layer(const Chain& chain, const Activations& a, const Weights& w, int layer, cudaStream_t stream,
-                   bool programmatic, int which) {
+                   bool programmatic, int which, bool programmatic_attention = false) {
     const int m = a.m;
     if (which < 0 || which == 0)
         chain.qkv.launch(a.x, w.qkv + layer * Weights::kQkv,
@@ -306,7 +308,8 @@ void enqueue_layer(const Chain& chain, const Activations& a, const Weights& w, i
                           kEps, a.squares_x, nullptr, a.squares_mid},
                          stream, programmatic);
     if (a.attention != nullptr && (which < 0 || which == 4))
-        CHECK_CUDA(asyncrl_decode::launch_paged_decode(a.attention->params(layer), 64, 4, 3, stream));
+        CHECK_CUDA(asyncrl_decode::launch_paged_decode(a.attention->params(layer), 64, 4, 3, programmatic_attention,
+                                                       stream));
     if (which < 0 || which == 1)
         chain.o.launch(a.attended_source(), w.o + layer * Weights::kO,
                        {a.x_mid, nullptr, a.x, m, kHidden, kHidden, kEps, nullptr, a.squares_mid, nullptr}, stream,
@@ -325,14 +328,15 @@ void enqueue_layer(const Chain& chain, const Activations& a, const Weights& w, i
 // attention case o reads a fixed stand-in for attention's output; with one, the engine's attention kernel runs
 // between q/k/v and o (a plain launch, as in the engine) on that case's caches, reading q/k/v's output.
 void time_chain(const char* qkv_name, const char* o_name, const char* gate_up_name, const char* down_name,
-                bool programmatic, const attention_case::Case* attention = nullptr) {
+                bool programmatic, const attention_case::Case* attention = nullptr,
+                bool programmatic_attention = false) {
     const Chain chain = find_chain(qkv_name, o_name, gate_up_name, down_name);
     const Weights weights;
     const Activations activations(256, attention);
     CHECK_CUDA(cudaDeviceSynchronize());
     auto enqueue = [&](cudaStream_t stream, int which) {
         for (int layer = 0; layer < kLayers; ++layer)
-            enqueue_layer(chain, activations, weights, layer, stream, programmatic, which);
+            enqueue_layer(chain, activations, weights, layer, stream, programmatic, which, programmatic_attention);
     };
     const char* parts[] = {"q/k/v", "o", "gate/up", "down", "attention"};
     double sum = 0.0;
@@ -342,9 +346,9 @@ void time_chain(const char* qkv_name, const char* o_name, const char* gate_up_na
         std::printf("chain %-8s alone %6.2f us per layer\n", parts[which], us);
     }
     const double us = graph_median_ms([&](cudaStream_t stream) { enqueue(stream, -1); }, 20) * 1e3 / kLayers;
-    std::printf("chain layer%s%s (%s | %s | %s | %s): %6.2f us per layer (the parts alone sum to %.2f)\n",
-                attention != nullptr ? " with attention" : "", programmatic ? ", programmatic" : "", qkv_name, o_name,
-                gate_up_name, down_name, us, sum);
+    std::printf("chain layer%s%s%s (%s | %s | %s | %s): %6.2f us per layer (the parts alone sum to %.2f)\n",
+                attention != nullptr ? " with attention" : "", programmatic ? ", programmatic" : "",
+                programmatic_attention ? " (attention too)" : "", qkv_name, o_name, gate_up_name, down_name, us, sum);
 }
 
 // The batch as two halves of 128 rows, each its own chain of programmatic launches over the shared weights. The
@@ -353,7 +357,8 @@ void time_chain(const char* qkv_name, const char* o_name, const char* gate_up_na
 // halves one after the other on one stream (each layer of A, then of B, so B's weights come from L2), and on two
 // streams that run at once. With attention cases (one per half), the attention kernel runs in each chain.
 void time_halves(const char* qkv_name, const char* o_name, const char* gate_up_name, const char* down_name,
-                 const attention_case::Case* attention_a = nullptr, const attention_case::Case* attention_b = nullptr) {
+                 const attention_case::Case* attention_a = nullptr, const attention_case::Case* attention_b = nullptr,
+                 bool programmatic_attention = false) {
     const Chain chain = find_chain(qkv_name, o_name, gate_up_name, down_name);
     const Weights weights;
     const Activations half_a(128, attention_a), half_b(128, attention_b);
@@ -364,26 +369,27 @@ void time_halves(const char* qkv_name, const char* o_name, const char* gate_up_n
     CHECK_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     CHECK_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
     const double one_half = graph_median_ms([&](cudaStream_t stream) {
-        for (int layer = 0; layer < kLayers; ++layer) enqueue_layer(chain, half_a, weights, layer, stream, true, -1);
+        for (int layer = 0; layer < kLayers; ++layer) enqueue_layer(chain, half_a, weights, layer, stream, true, -1, programmatic_attention);
     }, 20) * 1e3 / kLayers;
     const double in_turn = graph_median_ms([&](cudaStream_t stream) {
         for (int layer = 0; layer < kLayers; ++layer) {
-            enqueue_layer(chain, half_a, weights, layer, stream, true, -1);
-            enqueue_layer(chain, half_b, weights, layer, stream, true, -1);
+            enqueue_layer(chain, half_a, weights, layer, stream, true, -1, programmatic_attention);
+            enqueue_layer(chain, half_b, weights, layer, stream, true, -1, programmatic_attention);
         }
     }, 20) * 1e3 / kLayers;
     const double together = graph_median_ms([&](cudaStream_t stream) {
         CHECK_CUDA(cudaEventRecord(fork, stream));
         CHECK_CUDA(cudaStreamWaitEvent(other, fork, 0));
         for (int layer = 0; layer < kLayers; ++layer) {
-            enqueue_layer(chain, half_a, weights, layer, stream, true, -1);
-            enqueue_layer(chain, half_b, weights, layer, other, true, -1);
+            enqueue_layer(chain, half_a, weights, layer, stream, true, -1, programmatic_attention);
+            enqueue_layer(chain, half_b, weights, layer, other, true, -1, programmatic_attention);
         }
         CHECK_CUDA(cudaEventRecord(join, other));
         CHECK_CUDA(cudaStreamWaitEvent(stream, join, 0));
     }, 20) * 1e3 / kLayers;
-    std::printf("halves%s (%s | %s | %s | %s): one half %6.2f us per layer; both in turn on one stream %6.2f; both "
-                "at once on two streams %6.2f\n", attention_a != nullptr ? " with attention" : "", qkv_name, o_name,
+    std::printf("halves%s%s (%s | %s | %s | %s): one half %6.2f us per layer; both in turn on one stream %6.2f; both "
+                "at once on two streams %6.2f\n", attention_a != nullptr ? " with attention" : "",
+                programmatic_attention ? " (programmatic)" : "", qkv_name, o_name,
                 gate_up_name, down_name, one_half, in_turn, together);
     CHECK_CUDA(cudaStreamDestroy(other));
     CHECK_CUDA(cudaEventDestroy(fork));
@@ -416,10 +422,11 @@ int main(int argc, char** argv) {
         for (int& length : lengths) length = 640 + static_cast<int>(attention_case::next_random(state) % 897);
         attention_case::Case attention = attention_case::make_case(attention_case::shape_of(64), lengths, 24, 11);
         attention_case::add_rotary(attention);
-        for (bool programmatic : {false, true}) {
+        for (int variant = 0; variant < 3; ++variant)  // plain, programmatic products, attention programmatic too
             time_chain("stats + bias BN 32, BM 128, 8 st", "residual BN 32, BM 128, 8 st",
-                       "stats + SwiGLU BN 80, BM 256, 5 st", "residual BN 64, BM 128, 8 st, split 4", programmatic,
-                       &attention);
+                       "stats + SwiGLU BN 80, BM 256, 5 st", "residual BN 64, BM 128, 8 st, split 4", variant > 0,
+                       &attention, variant == 2);
+        for (bool programmatic : {false, true}) {
             time_chain("stats + bias BN 32, BM 128, 4 st", "residual BN 32, BM 128, 4 st",
                        "stats + SwiGLU BN 80, BM 256, 3 st", "residual BN 64, BM 128, 4 st, split 4", programmatic,
                        &attention);
@@ -442,6 +449,8 @@ int main(int argc, char** argv) {
         for (attention_case::Case* c : {&whole, &half_a, &half_b}) attention_case::add_rotary(*c);
         time_chain(qkv, o, "stats + SwiGLU BN 80, BM 256, 5 st", down, true, &whole);
         time_halves(qkv, o, "stats + SwiGLU BN 80, BM 128, 6 st", down, &half_a, &half_b);
+        time_chain(qkv, o, "stats + SwiGLU BN 80, BM 256, 5 st", down, true, &whole, true);
+        time_halves(qkv, o, "stats + SwiGLU BN 80, BM 128, 6 st", down, &half_a, &half_b, true);
         return 0;
     }
     std::fprintf(stderr, "usage: %s check | time | layer | halves\n", argv[0]);

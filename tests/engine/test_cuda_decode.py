@@ -131,6 +131,52 @@ def test_cuda_decode_rotates_the_query_and_new_key_itself(num_heads, num_kv_head
 
 
 @needs_cuda
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(14, 2, 64), (12, 2, 128)])
+def test_a_programmatic_launch_reads_what_the_kernel_before_it_wrote(num_heads, num_kv_heads, head_dim):
+    """Launched programmatically, the kernel requests its first tiles of the cache before the kernel before it has
+    finished, and reads the query, the new key/value and cos/sin only after it. Here that kernel writes them (into a
+    buffer zeroed first), in a CUDA graph as the engine replays it: the output and the stored key/value equal a
+    plain launch's, bit for bit. Contexts up to 192 positions put the new one among a warp's first tiles (its
+    store then precedes their requests); longer ones put it later."""
+    from asyncrl.engine import cuda_decode
+
+    context_lens = [1, 2, 17, 100, 191, 193, 700, 2047] * 4
+    query, key_cache, value_cache, tables, lengths, slots, new_key, new_value = decode_case(
+        context_lens, num_heads, num_kv_heads, head_dim, 16, seed=head_dim + 1)
+    cos, sin = rotary_case(lengths, head_dim)
+    source = torch.cat([query.flatten(1), new_key.flatten(1), new_value.flatten(1)], dim=1)
+    buffer = torch.zeros_like(source)
+    sizes = (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim)
+    views = [part.view(len(context_lens), -1, head_dim) for part in buffer.split(sizes, dim=1)]
+    row_order = lengths.argsort(descending=True).to(torch.int32)
+
+    def replayed(programmatic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = key_cache.clone(), value_cache.clone()
+
+        def step() -> torch.Tensor:
+            buffer.copy_(source)  # the kernel before: writes the query and the new key/value
+            return cuda_decode.paged_decode_attention(views[0], keys, values, tables, lengths, 1, new_key=views[1],
+                                                      new_value=views[2], write_slots=slots, row_order=row_order,
+                                                      rotary=(cos, sin), programmatic=programmatic)
+
+        step()  # outside the graph first: the attributes are set, the extension loaded
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            output = step()
+        buffer.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        flat = (-1, num_kv_heads, head_dim)
+        return output.clone(), torch.stack([keys.view(flat)[slots], values.view(flat)[slots]])
+
+    plain_output, plain_stored = replayed(False)
+    early_output, early_stored = replayed(True)
+    assert torch.isfinite(plain_output).all() and plain_output.abs().max().item() > 0
+    assert torch.equal(early_output, plain_output) and torch.equal(early_stored, plain_stored)
+    assert torch.equal(plain_stored[1], new_value)  # what the kernel before wrote, not the zeros before it
+
+
+@needs_cuda
 def test_cuda_decode_equals_the_triton_kernel_up_to_rounding_and_defers_what_it_does_not_cover():
     from asyncrl.engine import cuda_decode, triton_kernels
 

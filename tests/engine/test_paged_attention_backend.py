@@ -25,10 +25,12 @@ class RecordingKernel:
 
     def __init__(self) -> None:
         self.rotary: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        self.programmatic: list[bool] = []
 
     def __call__(self, query, key_cache, value_cache, block_tables, context_lens, num_splits, *, new_key, new_value,
-                 write_slots, row_order, rotary):
+                 write_slots, row_order, rotary, programmatic):
         self.rotary.append(rotary)
+        self.programmatic.append(programmatic)
         return query if rotary is None else apply_rotary(query, *rotary)
 
 
@@ -47,6 +49,8 @@ def test_only_a_decode_step_of_a_rotating_kernel_rotates_and_cos_sin_go_with_it(
     rotating = PagedAttention(cache, metadata(True), kernel, rotary_in_decode_kernel=True)
     output = rotating.attend(0, query, key, value, (cos, sin))
     assert kernel.rotary[-1] is not None and torch.equal(output, apply_rotary(query, cos, sin))
+    # A decode step's kernel follows the layer's q/k/v product, which writes no cache: it may start early.
+    assert kernel.programmatic == [True]
     with pytest.raises(ValueError, match=r"rotates=True\) was given rotary=False"):
         rotating.attend(0, query, key, value)
     with pytest.raises(ValueError, match=r"rotates=False\) was given rotary=True"):

@@ -15,7 +15,7 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::
                            torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor new_key,
                            torch::Tensor new_value, torch::Tensor write_slots, std::optional<torch::Tensor> row_order,
                            std::optional<torch::Tensor> cos, std::optional<torch::Tensor> sin, int64_t warps,
-                           int64_t stages) {
+                           int64_t stages, bool programmatic) {
     const int64_t num_sequences = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
     const int64_t block_size = key_cache.size(1), num_kv_heads = key_cache.size(2);
     TORCH_CHECK(query.scalar_type() == torch::kBFloat16 && key_cache.scalar_type() == torch::kBFloat16 &&
@@ -95,7 +95,7 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::
     params.group_size = static_cast<int>(group_size);
     params.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim)));
     const cudaError_t status = asyncrl_decode::launch_paged_decode(
-        params, static_cast<int>(head_dim), static_cast<int>(warps), static_cast<int>(stages),
+        params, static_cast<int>(head_dim), static_cast<int>(warps), static_cast<int>(stages), programmatic,
         c10::cuda::getCurrentCUDAStream());
     TORCH_CHECK(status == cudaSuccess, std::string("paged_decode (CUDA): launch with ") + std::to_string(warps) +
                                            " warps and " + std::to_string(stages) + " stages failed: " +

@@ -119,6 +119,19 @@ static_assert((kMergeHeader + 8 * kMergeRow<64>) * 4 <= kVectors<64> * 16 &&
                   (kMergeHeader + 8 * kMergeRow<128>) * 4 <= kVectors<128> * 16,
               "a warp's merge state must fit in its slice of the ring");
 
+// Programmatic dependent launch (sm_90): wait until the kernel before this one has finished and its writes are
+// visible; let the kernel after this one launch. Both are no-ops for a plain launch, and absent before sm_90.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ int swizzled(int row, int chunk, int chunks) { return row * chunks + (chunk ^ (row & 7)); }
 
 // 16 bytes global -> shared without passing through registers (cp.async, L2 only); `fill` false writes zeros.
@@ -282,20 +295,6 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
         __syncwarp();
     };
 
-    // This lane's words of query head `group` as mma's A fragment (zero for the padding rows): k-step s takes
-    // dimensions 16 s + 2 quad, +1 and 16 s + 8 + 2 quad, +1.
-    uint32_t query_words[D / 8];
-    {
-        const bool real_head = group < p.group_size;
-        const uint32_t* row = reinterpret_cast<const uint32_t*>(
-            p.query + sequence * p.query_stride_sequence + (kv_head * p.group_size + group) * p.query_stride_head);
-#pragma unroll
-        for (int step = 0; step < D / 16; ++step) {
-            query_words[2 * step] = real_head ? row[8 * step + quad] : 0u;
-            query_words[2 * step + 1] = real_head ? row[8 * step + 4 + quad] : 0u;
-        }
-    }
-
     // Block id of a warp's tile, or 0 past the context (never dereferenced).
     auto block_of = [&](int tile_index) {
         return tile_index < num_tiles ? table[(tile_index * kTile) >> p.block_shift] : 0;
@@ -313,15 +312,39 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks<D, W>) paged_decode_kernel(
 #pragma unroll
     for (int stage = 0; stage < S; ++stage)
         first_blocks[stage] = table[min(((warp + stage * W) * kTile) >> p.block_shift, p.table_width - 1)];
-    if (stores_new && new_in_first_tiles) store_new();
+    auto issue_first_tiles = [&] {
 #pragma unroll
-    for (int stage = 0; stage < S; ++stage) {
-        const int tile_index = warp + stage * W;
-        if (tile_index < num_tiles)
-            issue_tile<D>(stage_of(stage), p, first_blocks[stage], kv_head, tile_index * kTile, length, lane);
-        commit_copies();
+        for (int stage = 0; stage < S; ++stage) {
+            const int tile_index = warp + stage * W;
+            if (tile_index < num_tiles)
+                issue_tile<D>(stage_of(stage), p, first_blocks[stage], kv_head, tile_index * kTile, length, lane);
+            commit_copies();
+        }
+    };
+    // Launched as a programmatic dependent launch, the kernel starts while q/k/v's product finishes: the first
+    // tiles of the cache, which that product does not write, are requested before the wait, and the query, the
+    // new key/value and cos/sin are read after it. The one warp whose first tiles hold the new position stores
+    // it before it requests them. Without the launch attribute the wait returns at once.
+    const bool stores_first = stores_new && new_in_first_tiles;
+    if (!stores_first) issue_first_tiles();
+    wait_for_previous_kernel();
+    allow_next_kernel();  // o's product may launch as this grid's CTAs leave, and fetch its weights meanwhile
+    if (stores_new) store_new();  // when not among the first tiles, its tile is issued in the loop, after this
+    if (stores_first) issue_first_tiles();
+
+    // This lane's words of query head `group` as mma's A fragment (zero for the padding rows): k-step s takes
+    // dimensions 16 s + 2 quad, +1 and 16 s + 8 + 2 quad, +1.
+    uint32_t query_words[D / 8];
+    {
+        const bool real_head = group < p.group_size;
+        const uint32_t* row = reinterpret_cast<const uint32_t*>(
+            p.query + sequence * p.query_stride_sequence + (kv_head * p.group_size + group) * p.query_stride_head);
+#pragma unroll
+        for (int step = 0; step < D / 16; ++step) {
+            query_words[2 * step] = real_head ? row[8 * step + quad] : 0u;
+            query_words[2 * step + 1] = real_head ? row[8 * step + 4 + quad] : 0u;
+        }
     }
-    if (stores_new && !new_in_first_tiles) store_new();  // its tile is issued in the loop, after this
     if (p.cos != nullptr) {
         // The query's RoPE, here rather than with its loads: the first tiles' copies are in flight meanwhile,
         // so the cos/sin loads add no latency ahead of them. Word i of the first half (dimensions d, d + 1 <
@@ -401,7 +424,7 @@ template <int D, int W, int S>
 constexpr int kRingBytes = S * W * kVectors<D> * 16;
 
 template <int D, int W, int S>
-cudaError_t launch_with(const DecodeParams& params, cudaStream_t stream) {
+cudaError_t launch_with(const DecodeParams& params, bool programmatic, cudaStream_t stream) {
     // The ring takes more than the 48 KB a launch gets without asking, and the largest shared-memory carveout
     // lets four CTAs' rings share an SM; set once per instantiation.
     static const cudaError_t prepared = [] {
@@ -415,30 +438,40 @@ cudaError_t launch_with(const DecodeParams& params, cudaStream_t stream) {
         cudaGetLastError();  // a refused attribute sets the last error, which the caller's next launch would report
         return prepared;
     }
-    const dim3 grid(static_cast<unsigned>(params.num_kv_heads), static_cast<unsigned>(params.num_sequences));
-    paged_decode_kernel<D, W, S><<<grid, W * 32, kRingBytes<D, W, S>, stream>>>(params);
-    return cudaGetLastError();
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(params.num_kv_heads), static_cast<unsigned>(params.num_sequences));
+    config.blockDim = dim3(W * 32);
+    config.dynamicSmemBytes = kRingBytes<D, W, S>;
+    config.stream = stream;
+    cudaLaunchAttribute attribute = {};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = programmatic ? 1 : 0;
+    return cudaLaunchKernelEx(&config, paged_decode_kernel<D, W, S>, params);
 }
 
 template <int D, int W>
-cudaError_t launch_with_stages(const DecodeParams& params, int stages, cudaStream_t stream) {
+cudaError_t launch_with_stages(const DecodeParams& params, int stages, bool programmatic, cudaStream_t stream) {
     switch (stages) {
-        case 2: return launch_with<D, W, 2>(params, stream);
-        case 3: return launch_with<D, W, 3>(params, stream);
-        case 4: return launch_with<D, W, 4>(params, stream);
+        case 2: return launch_with<D, W, 2>(params, programmatic, stream);
+        case 3: return launch_with<D, W, 3>(params, programmatic, stream);
+        case 4: return launch_with<D, W, 4>(params, programmatic, stream);
         default: return cudaErrorInvalidValue;
     }
 }
 
 // Head dimension 64 or 128, 4 or 8 warps, 2-4 stages; anything else is cudaErrorInvalidValue, as is a ring
-// larger than an SM's shared memory (cudaFuncSetAttribute's answer).
+// larger than an SM's shared memory (cudaFuncSetAttribute's answer). `programmatic`: a programmatic dependent
+// launch, which reads the cache before the kernel before it has finished, so that kernel must not write the cache
+// (the engine's q/k/v product does not); false for a caller that just wrote the cache.
 inline cudaError_t launch_paged_decode(const DecodeParams& params, int head_dim, int warps, int stages,
-                                       cudaStream_t stream) {
+                                       bool programmatic, cudaStream_t stream) {
     if (params.num_sequences == 0) return cudaSuccess;
-    if (head_dim == 64 && warps == 4) return launch_with_stages<64, 4>(params, stages, stream);
-    if (head_dim == 64 && warps == 8) return launch_with_stages<64, 8>(params, stages, stream);
-    if (head_dim == 128 && warps == 4) return launch_with_stages<128, 4>(params, stages, stream);
-    if (head_dim == 128 && warps == 8) return launch_with_stages<128, 8>(params, stages, stream);
+    if (head_dim == 64 && warps == 4) return launch_with_stages<64, 4>(params, stages, programmatic, stream);
+    if (head_dim == 64 && warps == 8) return launch_with_stages<64, 8>(params, stages, programmatic, stream);
+    if (head_dim == 128 && warps == 4) return launch_with_stages<128, 4>(params, stages, programmatic, stream);
+    if (head_dim == 128 && warps == 8) return launch_with_stages<128, 8>(params, stages, programmatic, stream);
     return cudaErrorInvalidValue;
 }
 
