@@ -11,7 +11,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "harness_timing.cuh"
@@ -132,6 +134,41 @@ inline T* upload(const std::vector<T>& host) {
     return device;
 }
 
+// The order the sequences' CTAs start in: longest context first (the engine's), or, with HARNESS_ROW_ORDER set
+// (harness experiments only), "random", "interleave" (longest, shortest, second longest, ...) or "snake" (longest
+// first, every other run of 66 reversed).
+inline std::vector<int> row_order(const std::vector<int>& lengths, uint64_t& state) {
+    std::vector<int> order(lengths.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return lengths[a] > lengths[b]; });
+    const char* kind = std::getenv("HARNESS_ROW_ORDER");
+    const std::string name = kind != nullptr ? kind : "longest";
+    if (name == "random") {
+        for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[next_random(state) % (i + 1)]);
+    } else if (name == "interleave") {
+        std::vector<int> mixed;
+        for (size_t low = 0, high = order.size(); low < high;) {
+            mixed.push_back(order[low++]);
+            if (low < high) mixed.push_back(order[--high]);
+        }
+        order = mixed;
+    } else if (name == "stratified") {  // ranks in bit-reversed counting: every prefix samples all lengths
+        int bits = 0;
+        while ((size_t{1} << bits) < order.size()) ++bits;
+        std::vector<int> spread;
+        for (size_t i = 0; i < (size_t{1} << bits); ++i) {
+            size_t reversed = 0;
+            for (int b = 0; b < bits; ++b) reversed |= ((i >> b) & 1) << (bits - 1 - b);
+            if (reversed < order.size()) spread.push_back(order[reversed]);
+        }
+        order = spread;
+    } else if (name == "snake") {
+        for (size_t start = 66; start < order.size(); start += 132)
+            std::reverse(order.begin() + start, order.begin() + std::min(order.size(), start + 66));
+    }
+    return order;
+}
+
 inline Case make_case(Shape shape, const std::vector<int>& lengths, int layers, uint64_t seed) {
     Case c;
     c.shape = shape;
@@ -149,9 +186,7 @@ inline Case make_case(Shape shape, const std::vector<int>& lengths, int layers, 
         c.slots.push_back(c.slot(s, lengths[s] - 1));
         c.kv_bytes += static_cast<int64_t>(lengths[s]) * kKvHeads * shape.head_dim * 2 * 2;
     }
-    c.order.resize(c.sequences);
-    std::iota(c.order.begin(), c.order.end(), 0);
-    std::stable_sort(c.order.begin(), c.order.end(), [&](int a, int b) { return lengths[a] > lengths[b]; });
+    c.order = row_order(lengths, state);
     const int64_t qkv_elements = static_cast<int64_t>(c.sequences) * (shape.heads + 2 * kKvHeads) * shape.head_dim;
     __nv_bfloat16* qkv = nullptr;
     CHECK_CUDA(cudaMalloc(&qkv, qkv_elements * 2));
