@@ -14,6 +14,19 @@ set -u
 old_tree=$1 order=${2:-"new old new"} model=${3:-qwen2.5-0.5b}
 export PYTHONUNBUFFERED=1
 repo=$(pwd)
+# Each tree's CUDA extensions are built before anything runs: one tree's three at once (distinct names), the trees
+# one after the other. Trees with the same CUDA sources share the names, and two builds of one name at once can leave
+# torch's build lock behind, which hung every later run (docs/benchmarks.md, round 19). A tree from before an
+# extension existed just logs the failed import.
+trees=("$repo")
+case " $order " in *" old"*) trees+=("$old_tree") ;; esac
+for tree in "${trees[@]}"; do
+  for module in cuda_decode fused_decode cuda_sampler; do
+    (cd "$tree" && PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 -c \
+      "from asyncrl.engine import $module; $module._extension()") > "$OUT/build_${module}_$(basename "$tree").log" 2>&1 &
+  done
+  wait
+done
 index=0
 for word in $order; do
   index=$((index + 1))
