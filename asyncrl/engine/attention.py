@@ -69,14 +69,20 @@ class PagedAttention:
 
     `rotary_in_decode_kernel`: a decode step hands RoPE to the decode kernel (`rotates`), which rotates the
     query and the new key as it loads them. The engine sets it for the CUDA kernel, where that saves the step
-    one rotary kernel per layer; the Triton kernel would only rotate them by torch first."""
+    one rotary kernel per layer; the Triton kernel would only rotate them by torch first.
+
+    `programmatic_decode`: decode-kernel launches are programmatic dependent launches. The engine sets it where the
+    fused decode layers run: their q/k/v product lets the kernel after it launch once past its own wait, so the
+    kernel fetches its first cache tiles while q/k/v finishes (+3.6%, docs/benchmarks.md round 19). After the
+    model's own layers nothing launches early, and round 14 measured the programmatic launch 1.2% slower there."""
 
     def __init__(self, kv_cache: KVCache, metadata: AttentionMetadata, decode_kernel: DecodeKernel | None,
-                 rotary_in_decode_kernel: bool = False) -> None:
+                 rotary_in_decode_kernel: bool = False, programmatic_decode: bool = False) -> None:
         self.kv_cache = kv_cache
         self.metadata = metadata
         self.decode_kernel = decode_kernel
         self.rotates = rotary_in_decode_kernel and decode_kernel is not None and metadata.is_decode
+        self.programmatic_decode = programmatic_decode
 
     def attend(self, layer_index: int, query: Tensor, key: Tensor, value: Tensor,
                rotary: tuple[Tensor, Tensor] | None = None) -> Tensor:
@@ -86,12 +92,12 @@ class PagedAttention:
                              f"cos/sin go with, and only with, a backend that rotates")
         key_cache, value_cache = self.kv_cache.layer(layer_index)
         if self.decode_kernel is not None and metadata.is_decode:
-            # The kernel stores the new key/value itself: one launch per layer instead of three. It may start
-            # early (programmatic): the kernel before it is the layer's q/k/v product, which writes no cache.
+            # The kernel stores the new key/value itself: one launch per layer instead of three. The kernel before
+            # it is the layer's q/k/v product, which writes no cache, so it may start early.
             return self.decode_kernel(query, key_cache, value_cache, metadata.block_tables, metadata.context_lens,
                                       metadata.num_splits, new_key=key, new_value=value,
                                       write_slots=metadata.write_slots, row_order=metadata.row_order,
-                                      rotary=rotary, programmatic=True)
+                                      rotary=rotary, programmatic=self.programmatic_decode)
         self.kv_cache.write(layer_index, key, value, metadata.write_rows, metadata.write_slots)
         if self.decode_kernel is None:
             return torch_paged_attention(query, key_cache, value_cache, metadata)

@@ -53,6 +53,7 @@ class DecodeGraphs:
         self.model = model
         # The step's layers: the fused decode products where the runner loaded them, else the model's.
         self.decode_forward = model if fused_layers is None else fused_layers.forward
+        self.programmatic_decode = fused_layers is not None  # see `PagedAttention`
         self.kv_cache = kv_cache
         self.decode_kernel = decode_kernel
         self.rotary_in_decode_kernel = rotary_in_decode_kernel  # see `PagedAttention`
@@ -147,7 +148,8 @@ class DecodeGraphs:
                 query_lens=query_lens, query_token_indices=query_token_indices, max_query_len=1,
                 max_context_len=max_context_len, is_decode=True, num_splits=num_splits,
                 row_order=field("row_order", bucket))
-            attention = PagedAttention(self.kv_cache, metadata, self.decode_kernel, self.rotary_in_decode_kernel)
+            attention = PagedAttention(self.kv_cache, metadata, self.decode_kernel, self.rotary_in_decode_kernel,
+                                       self.programmatic_decode)
             hidden = self.decode_forward(input_ids, field("positions", bucket), attention)  # int32: the compiled `embed`
             torch.matmul(hidden, lm_head_weight.t(), out=self.logits[:bucket])
         return forward

@@ -167,8 +167,10 @@ class ModelRunner:
         return decode_num_splits(batch.num_sequences, self.kv_cache.num_kv_heads, self.num_processors)
 
     def _forward(self, inputs: StepInputs) -> Tensor:
-        attention = PagedAttention(self.kv_cache, inputs.attention, self.decode_kernel, self.rotary_in_decode_kernel)
-        if self.fused_layers is not None and inputs.attention.is_decode:
+        fused = self.fused_layers is not None and inputs.attention.is_decode
+        attention = PagedAttention(self.kv_cache, inputs.attention, self.decode_kernel, self.rotary_in_decode_kernel,
+                                   programmatic_decode=fused)
+        if fused:
             hidden = self.fused_layers.forward(inputs.input_ids, inputs.positions, attention)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, attention)  # (N, hidden)

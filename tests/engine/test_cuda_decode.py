@@ -131,15 +131,20 @@ def test_cuda_decode_rotates_the_query_and_new_key_itself(num_heads, num_kv_head
 
 
 @needs_cuda
+@pytest.mark.parametrize("writer", ["copy", "fused q/k/v product"])
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(14, 2, 64), (12, 2, 128)])
-def test_a_programmatic_launch_reads_what_the_kernel_before_it_wrote(num_heads, num_kv_heads, head_dim):
+def test_a_programmatic_launch_reads_what_the_kernel_before_it_wrote(writer, num_heads, num_kv_heads, head_dim):
     """Launched programmatically, the kernel requests its first tiles of the cache before the kernel before it has
-    finished, and reads the query, the new key/value and cos/sin only after it. Here that kernel writes them (into a
-    buffer zeroed first), in a CUDA graph as the engine replays it: the output and the stored key/value equal a
-    plain launch's, bit for bit. Contexts up to 192 positions put the new one among a warp's first tiles (its
-    store then precedes their requests); longer ones put it later."""
-    from asyncrl.engine import cuda_decode
+    finished, and reads the query, the new key/value and cos/sin only after it. Here that kernel writes them into a
+    buffer zeroed first, in a CUDA graph as the engine replays it: a copy (which lets the next kernel launch only as
+    it ends), or the engine's fused q/k/v product, which lets it launch once past its own wait, so a read before the
+    wait would see zeros. The output and the stored key/value equal a plain launch's, bit for bit. Contexts up to
+    192 positions put the new one among a warp's first tiles (its store then precedes their requests); longer ones
+    put it later."""
+    from asyncrl.engine import cuda_decode, fused_decode
 
+    if writer != "copy" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fused products need a Hopper GPU (sm_90)")
     context_lens = [1, 2, 17, 100, 191, 193, 700, 2047] * 4
     query, key_cache, value_cache, tables, lengths, slots, new_key, new_value = decode_case(
         context_lens, num_heads, num_kv_heads, head_dim, 16, seed=head_dim + 1)
@@ -149,17 +154,29 @@ def test_a_programmatic_launch_reads_what_the_kernel_before_it_wrote(num_heads, 
     sizes = (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim)
     views = [part.view(len(context_lens), -1, head_dim) for part in buffer.split(sizes, dim=1)]
     row_order = lengths.argsort(descending=True).to(torch.int32)
+    if writer == "copy":
+        def write() -> None:
+            buffer.copy_(source)
+    else:
+        generator = torch.Generator(device="cuda").manual_seed(head_dim)
+        x = torch.randn((len(context_lens), 896), device="cuda", generator=generator).to(torch.bfloat16)
+        weight = (0.05 * torch.randn((source.shape[1], 896), device="cuda", generator=generator)).to(torch.bfloat16)
+        squares = x.float().square().sum(-1)
 
-    def replayed(programmatic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        def write() -> None:
+            fused_decode._extension().fused_product(fused_decode.QKV, x, weight, buffer, None, None, squares, None,
+                                                    None, 1e-6, True)
+
+    def replayed(programmatic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         keys, values = key_cache.clone(), value_cache.clone()
 
         def step() -> torch.Tensor:
-            buffer.copy_(source)  # the kernel before: writes the query and the new key/value
+            write()  # the kernel before: writes the query and the new key/value
             return cuda_decode.paged_decode_attention(views[0], keys, values, tables, lengths, 1, new_key=views[1],
                                                       new_value=views[2], write_slots=slots, row_order=row_order,
                                                       rotary=(cos, sin), programmatic=programmatic)
 
-        step()  # outside the graph first: the attributes are set, the extension loaded
+        step()  # outside the graph first: the attributes are set, the extensions loaded
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             output = step()
@@ -167,13 +184,14 @@ def test_a_programmatic_launch_reads_what_the_kernel_before_it_wrote(num_heads, 
         graph.replay()
         torch.cuda.synchronize()
         flat = (-1, num_kv_heads, head_dim)
-        return output.clone(), torch.stack([keys.view(flat)[slots], values.view(flat)[slots]])
+        return output.clone(), torch.stack([keys.view(flat)[slots], values.view(flat)[slots]]), views[2].clone()
 
-    plain_output, plain_stored = replayed(False)
-    early_output, early_stored = replayed(True)
+    plain_output, plain_stored, written_values = replayed(False)
+    early_output, early_stored, _ = replayed(True)
     assert torch.isfinite(plain_output).all() and plain_output.abs().max().item() > 0
     assert torch.equal(early_output, plain_output) and torch.equal(early_stored, plain_stored)
-    assert torch.equal(plain_stored[1], new_value)  # what the kernel before wrote, not the zeros before it
+    # What the kernel before wrote, not the zeros before it.
+    assert written_values.abs().max().item() > 0 and torch.equal(plain_stored[1], written_values)
 
 
 @needs_cuda

@@ -49,10 +49,13 @@ def test_only_a_decode_step_of_a_rotating_kernel_rotates_and_cos_sin_go_with_it(
     rotating = PagedAttention(cache, metadata(True), kernel, rotary_in_decode_kernel=True)
     output = rotating.attend(0, query, key, value, (cos, sin))
     assert kernel.rotary[-1] is not None and torch.equal(output, apply_rotary(query, cos, sin))
-    # A decode step's kernel follows the layer's q/k/v product, which writes no cache: it may start early.
-    assert kernel.programmatic == [True]
+    # Plain launches unless the engine asks for programmatic ones (where the fused decode layers run).
+    assert kernel.programmatic == [False]
     with pytest.raises(ValueError, match=r"rotates=True\) was given rotary=False"):
         rotating.attend(0, query, key, value)
     with pytest.raises(ValueError, match=r"rotates=False\) was given rotary=True"):
         PagedAttention(cache, metadata(True), kernel).attend(0, query, key, value, (cos, sin))
     assert len(kernel.rotary) == 1  # the refused calls never reached the kernel
+    PagedAttention(cache, metadata(True), kernel, rotary_in_decode_kernel=True, programmatic_decode=True).attend(
+        0, query, key, value, (cos, sin))
+    assert kernel.programmatic == [False, True]
