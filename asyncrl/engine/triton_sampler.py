@@ -48,8 +48,8 @@ NOISE_FLOOR = tl.constexpr(8.5e-8)  # just under -log2(1 - 2**-24) = 8.599e-8
 @triton.jit
 def _race_noise(key, vocab_ids, is_greedy, FAST_MATH: tl.constexpr):
     """Each logit's noise in the Gumbel race: -log2(u) (Exp(1) over ln 2; 1 on greedy rows), u from the same
-    counter hash as `sampler.uniform_noise`. log2 is the hardware's approximate one (one MUFU.LG2, relative
-    error ~2**-22) on a GPU, libdevice's polynomial under the CPU interpreter, which lacks the fast functions."""
+    counter hash as `sampler.uniform_noise`. log2 is the hardware's approximate one (one MUFU.LG2, absolute
+    error ~2**-22, so large relative errors next to 1: see below) on a GPU, libdevice's polynomial under the CPU interpreter, which lacks the fast functions."""
     bits = _mix_32(key + vocab_ids.to(tl.uint32) * 0x9E3779B9)
     uniform = ((bits >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23: `sampler.uniform_from_bits`
     if FAST_MATH:
