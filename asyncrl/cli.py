@@ -5,7 +5,7 @@
     asyncrl sft --model DIR --data FILE --out DIR supervised warm start
     asyncrl config show [CONFIG.yaml] [key=value ...]
     asyncrl data make arithmetic --out DIR [--train-size N --val-size M --seed S --set knob=value]
-    asyncrl bench {engine,sync,modes} ...
+    asyncrl bench {engine,trainer,sync,modes} ... prints a table, writes JSON under outputs/bench/
 
 Errors in the user's input (config, data, reward function) print one line and exit with status 2.
 """
@@ -129,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     sft.set_defaults(run=command_sft)
 
     bench = commands.add_parser("bench", help="benchmarks: engine, trainer, sync (weight sync), modes",
-                                description="Each benchmark has its own flags: asyncrl bench engine --help")
+                                description="Each benchmark has its own flags (asyncrl bench engine --help). Results "
+                                "go under outputs/bench/ in the current directory unless --output or --results-dir "
+                                "says otherwise.")
     bench.add_argument("what", choices=sorted(BENCHMARKS))
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
     bench.set_defaults(run=command_bench)

@@ -1,7 +1,8 @@
 """Engine throughput: our engine against `transformers.generate` on the same weights and workload.
 
-    python -m asyncrl.bench.engine --model qwen2.5-0.5b --num-requests 256 --prompt-lengths 128 \
-        --output-lengths lognormal:256:2048 --compare-transformers --output benchmarks/results/engine.json
+    asyncrl bench engine --model qwen2.5-0.5b --num-requests 256 --prompt-lengths 128:1024 \
+        --output-lengths 1024 --compare-transformers          # docs/benchmarks.md's workload
+    python -m asyncrl.bench.engine --model qwen2.5-0.5b --output-lengths lognormal:256:2048 --output engine.jsonl
     result = run_engine_benchmark("qwen2.5-0.5b", num_requests=256, output_lengths="512")
 
 `--model` is an HF folder or "qwen2.5-0.5b" / "qwen2.5-1.5b": a random-weight model of that shape built
@@ -17,12 +18,12 @@ datasheet's (`--bandwidth`, 4.8 TB/s for an H200); on CUDA the fraction is also 
 a large device-to-device copy reaches on the machine at start, the ceiling a kernel can actually reach.
 transformers runs batched
 with left padding and max_new_tokens = the largest budget; only the tokens each request would keep count.
+Each run appends its result as one JSON line to `--output` (default `outputs/bench/engine.jsonl`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingP
 from asyncrl.engine.config import DECODE_ATTENTION_KERNELS, DECODE_PRODUCTS
 from asyncrl.engine.kv_cache import bytes_per_block
 from asyncrl.bench.models import QWEN2_SHAPES, qwen2_config, random_model
+from asyncrl.bench.results import append_result, default_output
 from asyncrl.core.lengths import LengthDistribution
 from asyncrl.models import CausalLM, TransformerConfig, iter_named_tensors, load_model
 
@@ -321,16 +323,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="decode-attention kernel on CUDA")
     parser.add_argument("--decode-products", choices=DECODE_PRODUCTS, default=EngineConfig.decode_products,
                         help="decode layers on CUDA: the fused products or the model's layers")
-    parser.add_argument("--output", type=Path, default=None, help="write the result as JSON here")
+    parser.add_argument("--output", type=Path, default=default_output("engine.jsonl"),
+                        help="append the result as one JSON line to this file (default outputs/bench/engine.jsonl)")
     args = parser.parse_args(argv)
     result = run_engine_benchmark(
         args.model, args.num_requests, args.prompt_lengths, args.output_lengths,
         getattr(torch, args.dtype) if args.dtype else None, args.device, args.compare_transformers, args.bandwidth,
         args.max_num_seqs, args.max_num_batched_tokens, args.gpu_memory_utilization, args.enforce_eager,
         args.transformers_batch_size, args.seed, args.block_size, args.decode_attention, args.decode_products)
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"appended the result to {append_result(args.output, result).resolve()}")
     return 0
 
 

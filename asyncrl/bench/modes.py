@@ -5,10 +5,11 @@
     asyncrl bench modes --modes sync fully_async_partial --samples 1024
 
 Each mode is a real training run (`asyncrl.recipes.launch.train`) with responses of long-tail lengths
-(per-request budgets drawn from `--lengths`, `rollout.ignore_eos=true`). Writes
-`benchmarks/results/modes_<name>.json`, a markdown table (printed too) and PNGs: throughput per mode
-and, per mode, the timeline showing what overlapped. Rewards are the arithmetic task's (speed runs on
-random weights score ~0; learning is compared on the demo task, see docs/benchmarks.md).
+(per-request budgets drawn from `--lengths`, `rollout.ignore_eos=true`). Writes into `--results-dir`
+(default `outputs/bench/modes/` under the current directory) `modes_<name>.json`, a markdown table (printed
+too) and PNGs: throughput per mode and, per mode, the timeline showing what overlapped. Rewards are the
+arithmetic task's (speed runs on random weights score ~0; learning is compared on the demo task, see
+docs/benchmarks.md).
 
 Devices: `sync` uses every device as a colocated trainer rank; the separated modes split them
 (--rollout-devices for the rollout, the rest for the trainer). On CPU a "device" is a share of the cores.
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.bench.models import write_random_model
+from asyncrl.bench.results import default_output
 from asyncrl.config import load_config
 from asyncrl.data.make import make_task, write_task
 from asyncrl.models import build_tiny_model
@@ -133,6 +135,7 @@ def run_modes_benchmark(options: argparse.Namespace) -> list[dict[str, Any]]:
     (results_dir / f"modes_{options.name}.json").write_text(json.dumps(
         {"options": vars(options), "results": results}, indent=1, default=str))
     print(table)
+    print(f"wrote modes_{options.name}.json, .md and plots to {results_dir.resolve()}")
     return results
 
 
@@ -150,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", default="lognormal:24:192:1.0", help="per-request response-length budgets")
     parser.add_argument("--max-response-length", type=int, default=192)
     parser.add_argument("--name", default="cpu")
-    parser.add_argument("--results-dir", default="benchmarks/results")
+    parser.add_argument("--results-dir", default=default_output("modes"),
+                        help="folder for the JSON, the table and the plots (default outputs/bench/modes)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every mode")
     options = parser.parse_args(argv)
     run_modes_benchmark(options)

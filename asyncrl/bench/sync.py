@@ -8,6 +8,7 @@ Two processes: process 0 holds a `TrainerWorker` (fp32 master weights, FSDP2) on
 into buckets, broadcast, load in place. The raw baseline broadcasts the same number of bytes as one
 buffer over the same group. Effective bandwidth = bytes of the engine's weights / sync time. The
 breakdown times each side's local work alone: the trainer's gather + cast, the engine's in-place load.
+Each model's result is appended as one JSON line to `--output` (default `outputs/bench/sync.jsonl`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 import torch.multiprocessing as mp
 
 from asyncrl.bench.models import write_random_model
-from asyncrl.bench.results import append_result
+from asyncrl.bench.results import append_result, default_output
 from asyncrl.config import load_config
 from asyncrl.core.replica_rollout import transfer_plan
 from asyncrl.distributed.weight_transport import WeightReceiver, WeightSender, broadcast, create_group
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--bucket-mb", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--output", default=None, help="append results as JSON lines")
+    parser.add_argument("--output", default=default_output("sync.jsonl"),
+                        help="append each model's result to this JSON-lines file (default outputs/bench/sync.jsonl)")
     options = parser.parse_args(argv)
     print(f"{'model':16s} {'MB':>8s} {'sync s':>8s} {'GB/s':>7s} {'raw s':>8s} {'raw GB/s':>9s} {'of raw':>7s} "
           f"{'gather s':>9s} {'load s':>8s} {'bitwise':>8s}")
@@ -149,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{model:16s} {result['bytes'] / 1e6:8.1f} {result['sync_s']:8.4f} {result['sync_gb_per_s']:7.1f} "
               f"{result['raw_s']:8.4f} {result['raw_gb_per_s']:9.1f} {result['fraction_of_raw']:7.0%} "
               f"{result['gather_s']:9.4f} {result['load_s']:8.4f} {str(result['bitwise_equal']):>8s}")
-        if options.output:
-            append_result(options.output, result)
+        append_result(options.output, result)
+    print(f"appended the results to {Path(options.output).resolve()}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """Actor-update throughput and MFU of trainer workers on one or more ranks, and peak memory per rank.
 
     python -m asyncrl.bench.trainer --model qwen2.5-0.5b --micro-tokens 4096 --seq-len 1024 \
-        --num-micro-batches 8 [--gradient-checkpointing] [--world-size 2] --output benchmarks/results/trainer.json
+        --num-micro-batches 8 [--gradient-checkpointing] [--world-size 2] [--output trainer.jsonl]
     python -m asyncrl.bench.trainer --model tiny-test --micro-tokens 128 --seq-len 64 --num-micro-batches 2 \
         --device cpu --world-size 2                                    # smoke test on CPU (gloo)
 
@@ -15,7 +15,8 @@ from the shapes: 6 x (linear-layer parameters) per token, the LM head on respons
 the trainer computes), and causal attention 6 x 2 x layers x hidden x (average context) per token. Tokens/s
 and TFLOP/s are global; MFU divides by N x the dense bf16 peak of one GPU (989 TFLOP/s for an H200 SXM, by
 the datasheet). Peak memory is per rank (`torch.cuda.max_memory_allocated` over the timed updates; None on
-the CPU, which has no allocator statistics).
+the CPU, which has no allocator statistics). Each run appends its result as one JSON line to `--output`
+(default `outputs/bench/trainer.jsonl`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.bench.models import qwen2_config, write_random_model
-from asyncrl.bench.results import append_result
+from asyncrl.bench.results import append_result, default_output
 from asyncrl.bench.trainer_ranks import free_port, run_ranks
 from asyncrl.config import AsyncRLConfig, load_config
 from asyncrl.models import TransformerConfig
@@ -207,14 +208,14 @@ def main(argv: list[str] | None = None) -> int:
                              "the same, split over them (default 1: in this process)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="actor.cuda_graphs: one rank, each micro-batch step replayed from a CUDA graph")
-    parser.add_argument("--output", default=None, help="append the result as one JSON line to this file")
+    parser.add_argument("--output", default=default_output("trainer.jsonl"),
+                        help="append the result as one JSON line to this file (default outputs/bench/trainer.jsonl)")
     options = parser.parse_args(argv)
     result = run_trainer_benchmark(options.model, options.micro_tokens, options.seq_len, options.num_micro_batches,
                                    options.gradient_checkpointing, options.num_updates, device=options.device,
                                    world_size=options.world_size, cuda_graphs=options.cuda_graphs)
     print(json.dumps(result, indent=1))
-    if options.output:
-        append_result(options.output, result)
+    print(f"appended the result to {append_result(options.output, result).resolve()}")
     return 0
 
 
