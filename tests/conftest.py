@@ -1,10 +1,17 @@
-"""Test-session fixtures: one local Ray cluster for every test that needs Ray actors."""
+"""Test-session setup: Triton's interpreter where no GPU is present, and one local Ray cluster for every test
+that needs Ray actors."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+import torch
+
+# The Triton kernels' tests run their kernels on CPU tensors through the interpreter, which Triton reads when a
+# kernel is decorated: set here, before any test module imports a kernel. An explicit setting is kept.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -251,8 +251,7 @@ def test_asking_for_the_cuda_kernel_with_a_block_size_it_cannot_read_fails_at_co
 @pytest.mark.parametrize("builds", [True, False])
 def test_auto_takes_the_cuda_kernel_where_it_builds_and_falls_back_to_triton_with_a_warning(monkeypatch, caplog,
                                                                                             builds):
-    pytest.importorskip("triton")  # the kernels' modules import it (CUDA installs; the interpreter on CPU)
-    from asyncrl.engine import cuda_decode, model_runner, triton_kernels
+    from asyncrl.engine import cuda_decode, cuda_sampler, model_runner, triton_kernels
 
     def load():
         if not builds:
@@ -260,7 +259,11 @@ def test_auto_takes_the_cuda_kernel_where_it_builds_and_falls_back_to_triton_wit
         return cuda_decode.paged_decode_attention
 
     monkeypatch.setattr(cuda_decode, "load_decode_kernel", load)
-    name, kernel, _ = model_runner.load_cuda_kernels("auto")
+    # The sampler is chosen in the same call and warns where it cannot be built: here it builds, so every
+    # record is the decode-attention choice's own.
+    monkeypatch.setattr(cuda_sampler, "load_sample_kernel", lambda: cuda_sampler.fused_sample)
+    name, kernel, sample_kernel = model_runner.load_cuda_kernels("auto")
+    assert sample_kernel is cuda_sampler.fused_sample
     if builds:
         assert (name, kernel) == ("cuda", cuda_decode.paged_decode_attention) and not caplog.records
     else:
@@ -269,3 +272,17 @@ def test_auto_takes_the_cuda_kernel_where_it_builds_and_falls_back_to_triton_wit
         with pytest.raises(RuntimeError, match="no nvcc"):  # asked for by name, a failed build is an error
             model_runner.load_cuda_kernels("cuda")
     assert model_runner.load_cuda_kernels("triton")[:2] == ("triton", triton_kernels.paged_decode_attention)
+
+
+def test_the_sampler_falls_back_to_triton_with_a_warning_where_the_cuda_one_does_not_build(monkeypatch, caplog):
+    from asyncrl.engine import cuda_sampler, model_runner, triton_kernels, triton_sampler
+
+    def load():
+        raise RuntimeError("the CUDA sampler could not be built (no nvcc)")
+
+    monkeypatch.setattr(cuda_sampler, "load_sample_kernel", load)
+    name, kernel, sample_kernel = model_runner.load_cuda_kernels("triton")
+    assert (name, kernel, sample_kernel) == ("triton", triton_kernels.paged_decode_attention,
+                                             triton_sampler.fused_sample)
+    assert [record.getMessage() for record in caplog.records] == [
+        "the engine samples with the Triton kernel: the CUDA sampler could not be built (no nvcc)"]
