@@ -2,7 +2,7 @@
 
 Timed from Python instead, a launch of a many-argument Triton kernel costs the host more than the kernel
 runs on the GPU (~70 us against ~40 us for the 0.5B decode attention on an H200), so every variant would
-measure the launch overhead. The benchmark scripts under `benchmarks/` share these helpers; `event_ms` times
+measure the launch overhead. `graph_replay_ms` times a kernel the way the engine runs it; `event_ms` times
 eager calls, for work of large kernels that queue ahead of the GPU or that a graph cannot hold.
 """
 

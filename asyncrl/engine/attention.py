@@ -73,8 +73,9 @@ class PagedAttention:
 
     `programmatic_decode`: decode-kernel launches are programmatic dependent launches. The engine sets it where the
     fused decode layers run: their q/k/v product lets the kernel after it launch once past its own wait, so the
-    kernel fetches its first cache tiles while q/k/v finishes (+3.6%, docs/benchmarks.md round 19). After the
-    model's own layers nothing launches early, and round 14 measured the programmatic launch 1.2% slower there."""
+    kernel fetches its first cache tiles while q/k/v finishes (decode steps 3.6% faster on an H200). After the
+    model's own layers nothing launches early, so there the kernel could only wait at its start: a programmatic
+    launch measured 1.2% slower there."""
 
     def __init__(self, kv_cache: KVCache, metadata: AttentionMetadata, decode_kernel: DecodeKernel | None,
                  rotary_in_decode_kernel: bool = False, programmatic_decode: bool = False) -> None:

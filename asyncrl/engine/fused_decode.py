@@ -8,7 +8,8 @@
 Why. Around the attention kernel the model's decode layer is eight kernels (two add + norm, the q/k/v, o, gate/up
 and down products, SiLU x up, and cuBLAS's split-K reduction for down). Each costs its launch, its pipeline's start
 and its last wave's tail, and at 256 rows those fixed costs, not bandwidth or arithmetic, set a 0.5B model's step
-(docs/benchmarks.md, rounds 14-17). Here a layer is four products of our own around attention:
+(attention's added cost per position of context already streams the KV cache at the memory's limit). Here a layer
+is four products of our own around attention:
 
     q/k/v  = r1 * (x (W_qkv * g1)^T) + b      r1 = rsqrt(mean(x^2) + eps), from statistics, below
     x_mid  = x + attended W_o^T               (+ the rows' sums of squares of x_mid, for r2)
@@ -95,7 +96,7 @@ def launch_sizes(config: TransformerConfig, rows: int) -> dict[str, int]:
 def slower_reason(config: TransformerConfig, rows: int, num_processors: int) -> str | None:
     """Why the fused layers would likely be slower than the model's for this shape (None: they should be faster).
     Their tiles are sized for one wave of CTAs at 256 rows of the 0.5B shapes; a launch of more CTAs than SMs runs
-    a second, mostly idle wave (the 1.5B shapes: 0.500 of the roofline fused, 0.562 unfused; docs/benchmarks.md)."""
+    a second, mostly idle wave (on an H200 the 1.5B shapes decode at 0.500 of the roofline fused, 0.562 unfused)."""
     for name, size in launch_sizes(config, rows).items():
         if size > num_processors:
             return (f"at {rows} rows the {name} product launches {size} CTAs, more than one wave of "

@@ -79,7 +79,7 @@ def uniform_from_bits(bits: Tensor) -> Tensor:
 
     23 bits, so that every value is exact in fp32 and none is 1. With 24 bits the top value, (2**24 - 0.5) 2**-24,
     rounded to exactly 1.0: its Gumbel noise -log(-log 1) is +inf, so in ~0.9% of the rows of a 152k vocabulary
-    some token had won the race whatever its logit (fixed 2026-12-04)."""
+    some token would win the race whatever its logit."""
     return ((bits >> 9).to(torch.float32) + 0.5) * UNIFORM_SCALE
 
 

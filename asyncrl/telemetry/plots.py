@@ -2,7 +2,7 @@
 
     plot_run("outputs/run")          # reads outputs/run/metrics.jsonl, writes outputs/run/plots/*.png
     plot_timeline("outputs/run/timeline.json", "outputs/run/plots/timeline.png")
-    plot_bars({"sync": 41.0, "fully_async": 97.5}, "Throughput", "samples/s", "benchmarks/results/speed.png")
+    plot_bars({"sync": 41.0, "fully_async": 97.5}, "Throughput", "samples/s", "outputs/speed.png")
 
 `plot_run` writes each plot whose metrics exist in the run and skips the others:
 `score_vs_step.png`, `score_vs_wall_time.png` (critic/score/mean), `validation_score.png` (val/score/mean

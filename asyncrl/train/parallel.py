@@ -185,7 +185,7 @@ def clip_gradients(model: torch.nn.Module, max_norm: float) -> Tensor:
 
     Computed on each rank's own shards, one all-reduce of the squared norm between ranks: torch's version on
     FSDP's DTensor gradients runs every per-tensor op through DTensor's sharding propagation, a fifth of a
-    24-layer model's update in host time (`benchmarks/trainer_host_overhead.py`)."""
+    24-layer model's update in host time."""
     gradients = [local_shard(p.grad) for p in model.parameters() if p.grad is not None]
     if not gradients:
         return torch.zeros(())

@@ -36,7 +36,7 @@ from asyncrl.train.update_spec import CriticUpdateSpec, PolicyUpdateSpec
 # Intra-op threads of a GPU rank's host. Its CPU ops are bookkeeping on small tensors (selecting and packing
 # micro-batches, a few thousand elements); with a thread per core, on a 16-core H200 host such an op took 8 ms
 # instead of 0.1 ms whenever a pool thread was descheduled, in about half of the processes measured, which
-# doubled a graphed 0.5B update (0.55 vs 0.29 s; `benchmarks/trainer_host_stalls.py`).
+# doubled a graphed 0.5B update (0.55 vs 0.29 s).
 GPU_HOST_THREADS = 1
 
 

@@ -20,8 +20,8 @@
 //   before it finishes: its barriers and its first stages of weights, which no product writes, are set up and
 //   requested before `griddepcontrol.wait`; A, the residual and the statistics are read after it. Each product lets
 //   the next one launch once it is past its own wait, so at most one product runs ahead.
-// The checks and timings are in benchmarks/csrc/fused_layer_harness.cu; the torch entry is fused_products.cu. sm_90a
-// only.
+// The torch entry is fused_products.cu; tests/engine/test_fused_decode.py checks each product against the model's
+// composition in torch. sm_90a only.
 
 #pragma once
 

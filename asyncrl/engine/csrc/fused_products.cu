@@ -1,7 +1,8 @@
 // The torch entry of the fused decode products (`fused_product_kernel.cuh`); `fused_decode.py` builds it with torch's
 // extension builder and calls `fused_product` on the current stream, writing into `out`.
 //
-// One configuration per product of a decode layer (measured in benchmarks/csrc/fused_layer_harness.cu):
+// One configuration per product of a decode layer (tiles chosen so each launch fits one wave at 256 rows of the
+// 0.5B shapes):
 //   0 q/k/v:   r * (x (W * g)^T) + bias, r from the statistics `squares_in`; zeroes `squares_clear`
 //   1 o:       residual + attended W^T; adds the output rows' squares into `squares_out`
 //   2 gate/up: SiLU(r * gate) * (r * up) of x (W * g)^T, r from `squares_in`; zeroes `squares_clear`

@@ -1,10 +1,10 @@
-// Hopper building blocks of the fused decode products (fused_product_kernel.cuh) and of the `wgmma` GEMM harness
-// (benchmarks/csrc/wgmma_gemm_harness.cu): `wgmma` on shared-memory operands in the 128-byte swizzle, cp.async and
+// Hopper building blocks of the fused decode products (fused_product_kernel.cuh), free of torch so that they also
+// build with plain nvcc: `wgmma` on shared-memory operands in the 128-byte swizzle, cp.async and
 // TMA copies into that layout, mbarrier waits, a warpgroup's accumulators stored to global memory, and the row
 // pitch of a tile staged in shared memory. sm_90a only (`-gencode arch=compute_90a,code=sm_90a`).
 //
-// Failures on the host (a CUDA call, the tensor map's encoding) go through HOPPER_REQUIRE(condition, message): the
-// harnesses print and exit; the torch extension defines it as TORCH_CHECK before including this file.
+// Failures on the host (a CUDA call, the tensor map's encoding) go through HOPPER_REQUIRE(condition, message): a
+// plain nvcc build prints and exits; the torch extension defines it as TORCH_CHECK before including this file.
 
 #pragma once
 

@@ -1,6 +1,6 @@
-// Paged decode attention for bf16 on sm_80+: the kernel and its launcher, free of torch, so that
-// `paged_decode.cu` (the engine's torch entry, built by `cuda_decode.py`) and the standalone benchmark
-// `benchmarks/csrc/decode_attention_harness.cu` (built with plain nvcc, no torch) run the same code.
+// Paged decode attention for bf16 on sm_80+: the kernel and its launcher, free of torch, so that the same code
+// serves `paged_decode.cu` (the engine's torch entry, built by `cuda_decode.py`) and a standalone program built
+// with plain nvcc in seconds, to check or time a change to the kernel without building a torch extension.
 //
 // One CTA per (sequence, kv head), W warps. The context is cut into tiles of 16 positions (a tile lies in one
 // KV block: the block size is a multiple of 16); warp w takes tiles w, w + W, ... and keeps its own online
