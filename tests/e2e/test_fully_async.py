@@ -28,6 +28,20 @@ def training_rows(output_dir: str) -> dict[int, dict]:
     return {row["step"]: row for row in read_metrics(f"{output_dir}/metrics.jsonl") if "critic/score/mean" in row}
 
 
+def assert_each_version_starts_at_most_its_budget(rows: dict[int, dict], sync_steps: list[int], budget: int) -> None:
+    """Work outstanding at a sync (charged to the new version) plus the prompts that version admitted never
+    exceed M; a fresh run's first version starts with nothing outstanding. A sync's metrics are logged with
+    the step after it (`sync_steps`), so the run's last sync is not seen."""
+    outstanding = "fully_async/rollouter/outstanding_at_sync"
+    assert sorted(step for step, row in rows.items() if outstanding in row) == sync_steps
+    syncs = [rows[step] for step in sync_steps]
+    assert all(row["fully_async/rollouter/budget_per_version"] == budget for row in syncs)
+    charged = [0.0] + [row[outstanding] for row in syncs]
+    for version, row in enumerate(syncs):
+        assert charged[version] + row["fully_async/rollouter/admitted_in_version"] <= budget, version
+    assert max(charged) > 0  # some work was outstanding at a sync
+
+
 def test_on_policy_pipeline_has_staleness_zero_and_matches_sync_mode(make_config, ray_session):
     common = ("trainer.total_steps=3", "trainer.val_before_train=false", "data.val_files=[]",
               "data.train_batch_size=8", "actor.ppo_mini_batch_size=8")
@@ -56,6 +70,7 @@ def test_stale_samples_stay_within_the_staleness_bound(make_config, ray_session)
     assert max(row["staleness/max"] for row in rows.values()) <= 1  # ceil(s) = 1
     assert max(row["staleness/max"] for row in rows.values()) == 1  # and the run really was asynchronous
     assert rows[8]["fully_async/count/stale_samples_processed"] > 0
+    assert_each_version_starts_at_most_its_budget(rows, sync_steps=[3, 5, 7], budget=24)  # M = 8 x 1.5 x 2
     for step, samples in dumped(config.trainer.output_dir).items():
         version = int(rows[step]["param_version"])
         assert all(min(sample["versions"]) >= version - 1 for sample in samples), step

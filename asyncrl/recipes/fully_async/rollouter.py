@@ -84,6 +84,7 @@ class Rollouter:
         self.waiting_takes: set[asyncio.Future] = set()   # the trainer's takes waiting for groups
         self.counters = {"generated_groups": 0, "resumed_responses": 0, "aborted_responses": 0,
                          "replica_failures": 0, "requeued_requests": 0}
+        self.admitted_in_version = 0                # prompts admitted under this version's budget since its sync
         self.idle_s, self.version_started_s, self.idle_since = 0.0, time.monotonic(), time.monotonic()
         self.busy_since_wall = time.time()
         self.busy_spans: list[tuple[float, float]] = []   # wall-clock spans with generation running
@@ -109,6 +110,7 @@ class Rollouter:
             group = Group(self.dataset[index], self.sampler.epoch, self.next_serial, [None] * self.config.rollout.n)
             self.next_serial += 1
             self.budget.admit()
+            self.admitted_in_version += 1
             tasks.append(asyncio.create_task(self.run_group(group)))
         await asyncio.gather(*tasks)
         await self.queue.close()
@@ -244,17 +246,22 @@ class Rollouter:
 
     async def resume(self, version: int, held: int) -> tuple[dict[str, float], list[tuple[float, float]]]:
         """A new version: charge outstanding work (generating, parked, queued, and the `held` groups the
-        trainer took ahead but has not trained) to its budget and let parked groups continue. Returns the last version's idle ratio with the rollouter's counters, and the
-        wall-clock spans during which something generated (for the timeline): one call per sync."""
+        trainer took ahead but has not trained) to its budget and let parked groups continue. Returns the last
+        version's idle ratio and admitted prompts, the work charged to the new one, the rollouter's counters, and
+        the wall-clock spans during which something generated (for the timeline): one call per sync."""
         queue_size = await self.queue.size()
         now = time.monotonic()
         idle_s = self.idle_s + (now - self.idle_since if self.idle_since is not None else 0.0)
         version_s = max(now - self.version_started_s, 1e-9)
-        metrics = {"rollouter/idle_ratio": min(1.0, idle_s / version_s), "rollouter/version_time": version_s}
+        metrics = {"rollouter/idle_ratio": min(1.0, idle_s / version_s), "rollouter/version_time": version_s,
+                   "fully_async/rollouter/admitted_in_version": float(self.admitted_in_version)}
         self.idle_s, self.version_started_s = 0.0, now
         self.idle_since = now if self.idle_since is not None else None
         self.version = version
-        self.budget.on_sync(len(self.in_flight) + len(self.unqueued) + queue_size + held)
+        outstanding = len(self.in_flight) + len(self.unqueued) + queue_size + held
+        self.budget.on_sync(outstanding)
+        self.admitted_in_version = 0
+        metrics["fully_async/rollouter/outstanding_at_sync"] = float(outstanding)
         self.is_healthy = [True] * len(self.replicas)  # the sync re-joined and re-loaded restarted replicas
         self.is_paused = False
         self.resumed.set()
