@@ -1,8 +1,9 @@
 """Weight sync through real Ray actors: 2 trainer ranks (FSDP2 over gloo) and 2 rollout replicas.
 
-After every sync each engine parameter is bitwise equal to the trainer's, the version advances by one,
-new tokens carry the new version, in-flight requests survive a sync, and a replica that never joins
-makes the sync fail within its timeout, naming that replica.
+After every sync each configured replica answers with the model's whole parameter set, each parameter
+bitwise equal to the trainer's, the version advances by one, new tokens carry the new version, in-flight
+requests survive a sync, and a replica that never joins makes the sync fail within its timeout, naming
+that replica.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ from asyncrl.distributed.remote import RemoteTimeoutError
 from asyncrl.distributed.resource_pool import allocate_pools
 from asyncrl.distributed.rollout_replica import RolloutReplica
 from asyncrl.engine import SamplingParams
-from asyncrl.models import build_tiny_model, load_tokenizer
-from asyncrl.recipes.runtime import connect_replicas, launch_replicas, pool_specs, start_trainers
+from asyncrl.models import CausalLM, build_tiny_model, load_model, load_tokenizer, read_config
+from asyncrl.recipes.runtime import connect_replicas, launch_replicas, num_rollout_replicas, pool_specs, start_trainers
 from asyncrl.train import PolicyUpdateSpec
 
 
-def start_setup(tmp_path_factory, trainer_ranks: int):
+def start_setup(tmp_path_factory, trainer_ranks: int, tie_word_embeddings: bool = True):
     root = tmp_path_factory.mktemp("sync")
-    model = build_tiny_model(root / "model", family="qwen2", seed=1)
+    model = build_tiny_model(root / "model", family="qwen2", seed=1, tie_word_embeddings=tie_word_embeddings)
     paths = write_task(make_task("arithmetic"), root / "data", 16, 4, seed=0)
     config = load_config(None, [
         f"model.path={model}", f"data.train_files=[{paths['train']}]", "trainer.device=cpu",
@@ -75,13 +76,63 @@ def train_one_step(config, trainers, rollout, prompts, salt):
     return results
 
 
-def assert_engines_equal_trainer(trainers, rollout, version):
-    trainer_state = trainers.policy_state()
-    for state in rollout.engine_states():
-        assert int(state.pop("__version__")) == version
-        assert set(state) == set(trainer_state) - {"lm_head.weight"} or set(state) == set(trainer_state)
-        for name, array in state.items():
-            assert np.array_equal(array, trainer_state[name]), name
+def assert_engines_equal_trainer(config, trainers, rollout, version):
+    assert_states_equal(config, trainers.policy_state(), rollout.engine_states(), version)
+
+
+def assert_states_equal(config, trainer_state: dict[str, np.ndarray], engine_states: list[dict[str, np.ndarray]],
+                        version: int) -> None:
+    """Every configured replica answered, at `version`, with exactly the policy's parameters, each bitwise
+    equal to the trainer's. The parameters are the model's own: a model whose config ties the head to the
+    embedding has no `lm_head.weight` on either side, any other must have it on both."""
+    model_config, _ = read_config(config.model.path)
+    with torch.device("meta"):
+        names = {name for name, _ in CausalLM(model_config).named_parameters()}
+    assert ("lm_head.weight" in names) != model_config.tie_word_embeddings
+    assert set(trainer_state) == names, sorted(names ^ set(trainer_state))
+    assert len(engine_states) == num_rollout_replicas(config)
+    for replica, state in enumerate(engine_states):
+        assert int(state["__version__"]) == version, replica
+        assert set(state) - {"__version__"} == names, (replica, sorted(names ^ (set(state) - {"__version__"})))
+        for name in names:
+            assert np.array_equal(state[name], trainer_state[name]), (replica, name)
+
+
+def without_head(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: array for name, array in state.items() if name != "lm_head.weight"}
+
+
+def is_rejected(config, trainer_state: dict[str, np.ndarray], engine_states: list[dict[str, np.ndarray]],
+                version: int) -> bool:
+    try:
+        assert_states_equal(config, trainer_state, engine_states, version)
+    except AssertionError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_the_equality_check_fails_a_missing_head_a_missing_replica_and_a_different_bit(tmp_path, tied):
+    model = build_tiny_model(tmp_path / "model", family="qwen2", seed=1, tie_word_embeddings=tied)
+    config = load_config(None, [f"model.path={model}", "trainer.device=cpu", "trainer.mode=one_step_off",
+                                "rollout.n_gpus_per_node=2"])
+    trainer_state = {name: tensor.detach().numpy() for name, tensor in load_model(model).named_parameters()}
+    engine = {**trainer_state, "__version__": np.int64(3)}
+    assert_states_equal(config, trainer_state, [engine, engine], 3)
+    norm = engine["model.norm.weight"]
+    wrong = {
+        "one replica answered": ([engine], 3),
+        "another version": ([engine, engine], 4),
+        "one bit off": ([engine, {**engine, "model.norm.weight": np.nextafter(norm, np.float32(2))}], 3),
+        "a tensor too many": ([engine, {**engine, "extra.weight": norm}], 3),
+    }
+    if not tied:
+        wrong["no head"] = ([engine, without_head(engine)], 3)
+    assert [case for case, (engines, version) in wrong.items()
+            if not is_rejected(config, trainer_state, engines, version)] == []
+    # The trainer is held to the model's parameters too.
+    wrong_trainer = {**trainer_state, "lm_head.weight": norm} if tied else without_head(trainer_state)
+    assert is_rejected(config, wrong_trainer, [engine, engine], 3)
 
 
 def test_every_sync_makes_engines_bitwise_equal_and_bumps_the_version(setup):
@@ -93,7 +144,7 @@ def test_every_sync_makes_engines_bitwise_equal_and_bumps_the_version(setup):
         after = trainers.policy_state()
         assert any(not np.array_equal(before[name], after[name]) for name in before)  # training moved weights
         rollout.sync_weights(version)
-        assert_engines_equal_trainer(trainers, rollout, version)
+        assert_engines_equal_trainer(config, trainers, rollout, version)
     new = rollout.generate(make_requests(prompts, 2, SamplingParams(max_new_tokens=6), 0, "after"))
     assert all(set(result.response_versions.tolist()) == {3} for result in new)
 
@@ -110,7 +161,7 @@ def test_sync_while_requests_are_in_flight_completes_and_they_finish(setup):
     assert all(result.finish_reason == "length" for result in results)
     stamped = set(np.concatenate([result.response_versions for result in results]).tolist())
     assert stamped <= {version - 1, version}
-    assert_engines_equal_trainer(trainers, rollout, version)
+    assert_engines_equal_trainer(config, trainers, rollout, version)
 
 
 @ray.remote

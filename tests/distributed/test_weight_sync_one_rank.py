@@ -12,7 +12,9 @@ from tests.distributed.test_weight_sync import assert_engines_equal_trainer, sta
 
 
 def test_one_rank_trainer_syncs_bitwise_after_every_update(tmp_path_factory, ray_session):
-    config, trainers, rollout, prompts, pools = start_setup(tmp_path_factory, trainer_ranks=1)
+    # Untied, so the head is a tensor of its own that every sync must deliver (the two-rank setup is tied).
+    config, trainers, rollout, prompts, pools = start_setup(tmp_path_factory, trainer_ranks=1,
+                                                            tie_word_embeddings=False)
     try:
         for version in (1, 2, 3):
             before = trainers.policy_state()
@@ -20,7 +22,7 @@ def test_one_rank_trainer_syncs_bitwise_after_every_update(tmp_path_factory, ray
             after = trainers.policy_state()
             assert any(not np.array_equal(before[name], after[name]) for name in before)
             rollout.sync_weights(version)
-            assert_engines_equal_trainer(trainers, rollout, version)
+            assert_engines_equal_trainer(config, trainers, rollout, version)
         new = rollout.generate(make_requests(prompts, 2, SamplingParams(max_new_tokens=6), 0, "after"))
         assert all(set(result.response_versions.tolist()) == {3} for result in new)
     finally:
