@@ -20,8 +20,9 @@ call, never read from a shared config, so what the trainer asks for is what runs
 
 Metrics (detached 0-dim tensors on the inputs' device, or Python floats for a term a loss does not have; a
 trainer sums them on the device, and ``masked.metrics_to_floats`` turns them into floats with one copy, so a
-loss call never makes the host wait for the GPU): ``pg_loss``, ``pg_clipfrac`` (fraction of valid tokens
-where the ratio clip is active), ``pg_clipfrac_lower`` (dual clip active), ``ppo_kl`` (masked mean of old - new log-prob); clip_cov and kl_cov
+loss call never makes the host wait for the GPU, except in the losses ``POLICY_LOSSES.host_reads`` names, with
+why): ``pg_loss``, ``pg_clipfrac`` (fraction of valid tokens where the ratio clip is active),
+``pg_clipfrac_lower`` (dual clip active), ``ppo_kl`` (masked mean of old - new log-prob); clip_cov and kl_cov
 add ``pg_covfrac`` (fraction of valid tokens selected by the covariance rule).
 """
 
@@ -214,5 +215,10 @@ POLICY_LOSSES = Registry(
         "clip_cov": clip_cov,
         "kl_cov": kl_cov,
         "reinforce": reinforce,
+    },
+    host_reads={
+        "clip_cov": "how many tokens to pick is a Python int from the valid-token count, and the candidates are "
+                    "the eligible tokens' indices (a data-dependent shape)",
+        "kl_cov": "how many tokens to pick (topk's k) is a Python int from the valid-token count",
     },
 )

@@ -215,7 +215,7 @@ def test_missing_inputs_raise_clear_errors():
 
 def test_needs_critic_and_group_set():
     assert needs_critic("gae") and not needs_critic("grpo") and not needs_critic("remax")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown advantage estimator 'nope'; valid names: .*gae"):
         needs_critic("nope")
     assert GROUP_ESTIMATORS == {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"}
     assert GROUP_ESTIMATORS <= set(ADVANTAGE_ESTIMATORS)

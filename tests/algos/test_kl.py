@@ -64,7 +64,7 @@ def test_k3_gradient_differs_from_k3_plus():
 def test_unknown_names_and_shared_signature():
     with pytest.raises(ValueError, match="valid names: .*k3\\+"):
         kl_penalty("full", LOG_PROBS, REF_LOG_PROBS)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"unknown KL estimator 'k3\+\+'"):
         kl_penalty("k3++", LOG_PROBS, REF_LOG_PROBS)
     parameters = {tuple(inspect.signature(fn).parameters) for fn in KL_ESTIMATORS.values()}
     assert parameters == {("log_probs", "ref_log_probs")}

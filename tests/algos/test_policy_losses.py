@@ -8,6 +8,7 @@ import torch
 
 from asyncrl.algos import LOSS_AGG_MODES, POLICY_LOSSES
 from asyncrl.algos.masked import metrics_to_floats
+from asyncrl.algos.registry import Registry
 
 from .helpers import append_padding, fill_padding, reference_aggregate, valid_positions
 
@@ -267,9 +268,41 @@ def test_padding_never_changes_a_result(name, mode):
     assert gradient.abs().sum() > 0
 
 
-@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
-def test_metrics_stay_tensors_so_a_loss_call_never_waits_for_the_device(name):
-    log_probs, old_log_probs, advantages, weights = make_inputs()
-    _, metrics = POLICY_LOSSES[name](log_probs, old_log_probs, advantages, MASK, **full_keywords())
-    assert isinstance(metrics["pg_loss"], torch.Tensor) and isinstance(metrics["ppo_kl"], torch.Tensor)
-    assert not metrics["pg_loss"].requires_grad
+def meta_call(name: str, mode: str, counts: str):
+    """The loss on meta tensors, which have shapes but no values: every op runs, and any read of a value on the
+    host (`.item()`, `int(t)`, `.tolist()`, a data-dependent shape) raises. The global counts are meta tensors
+    too, as the captured step passes them, or left to the loss."""
+    log_probs, old_log_probs, advantages, weights = (torch.empty(MASK.shape, dtype=torch.float64, device="meta")
+                                                     for _ in range(4))
+    log_probs.requires_grad_(True)
+    count = torch.empty((), device="meta") if counts == "given" else None
+    keywords = full_keywords(loss_agg_mode=mode, rollout_is_weights=weights, num_tokens=count, num_seqs=count,
+                             norm_length=12, generator=None)
+    loss, metrics = POLICY_LOSSES[name](log_probs, old_log_probs, advantages, torch.empty(MASK.shape, device="meta"),
+                                        **keywords)
+    return log_probs, loss, metrics
+
+
+@pytest.mark.parametrize("counts", ["given", "local"])
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("name", sorted(set(POLICY_LOSSES) - set(POLICY_LOSSES.host_reads)))
+def test_a_loss_call_never_waits_for_the_device(name, mode, counts):
+    log_probs, loss, metrics = meta_call(name, mode, counts)
+    (gradient,) = torch.autograd.grad(loss, log_probs)
+    assert loss.shape == () and gradient.shape == MASK.shape
+    tensors = {key: value for key, value in metrics.items() if isinstance(value, torch.Tensor)}
+    assert {"pg_loss", "ppo_kl"} <= set(tensors)
+    assert all(value.is_meta and value.shape == () and not value.requires_grad for value in tensors.values())
+    assert all(value == 0.0 for key, value in metrics.items() if key not in tensors)  # terms it does not have
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES.host_reads))
+def test_the_losses_that_declare_a_host_read_do_read_the_host(name):
+    """The exemption stays true: a loss that stopped reading the host would leave `host_reads`."""
+    with pytest.raises((RuntimeError, NotImplementedError), match="meta"):
+        meta_call(name, "token-mean", "local")
+
+
+def test_a_host_read_must_name_a_registered_entry():
+    with pytest.raises(ValueError, match="host_reads names entries that are not registered: ppo"):
+        Registry("policy loss", dict(POLICY_LOSSES), host_reads={"ppo": "a typo of an entry's name"})

@@ -77,7 +77,8 @@ def test_cross_field_invariants(overrides, message):
 def test_group_estimators_need_two_responses_but_others_do_not():
     load_config(None, ["rollout.n=1", "algorithm.adv_estimator=reinforce_plus_plus"])
     for estimator in sorted(GROUP_ESTIMATORS):
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match=rf"adv_estimator={estimator} compares responses within a group and "
+                                              r"needs rollout\.n >= 2, got rollout\.n=1"):
             load_config(None, ["rollout.n=1", f"algorithm.adv_estimator={estimator}"])
 
 

@@ -111,7 +111,7 @@ def test_wrong_return_type_and_dying_process_score_zero(user_file):
 def test_bad_spec_fails_at_load_naming_it(user_file, spec, message):
     with pytest.raises(RewardLoadError, match=message):
         load_reward_function(spec.format(file=user_file, dir=user_file.parent))
-    with pytest.raises(RewardLoadError):
+    with pytest.raises(RewardLoadError, match=message):
         RewardExecutor(spec.format(file=user_file, dir=user_file.parent), timeout_s=1)
 
 

@@ -1,42 +1,73 @@
 """Stage timing and the progress display."""
 
 import io
-import time
 
 import pytest
 
 from asyncrl.telemetry import Progress, Stopwatch, Timeline, timed
+from asyncrl.telemetry import timing
 
 
-def test_timed_accumulates_and_records_a_span():
+class FakeClock:
+    """Stands in for the `time` module of `asyncrl.telemetry.timing`: it moves only when a test advances it, so
+    every duration is exact (binary fractions of a second) whatever the machine's load."""
+
+    WALL_OFFSET_S = 1.7e9  # the wall clock reads like today's; the monotonic one starts at 1000 s
+
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now_s
+
+    def time(self) -> float:
+        return self.WALL_OFFSET_S + self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(timing, "time", fake)
+    return fake
+
+
+def test_timed_accumulates_and_records_a_span(clock):
     metrics = {}
     timeline = Timeline()
     with timed(metrics, "generate", timeline=timeline, row="driver"):
-        time.sleep(0.02)
-    first_s = metrics["timing_s/generate"]
-    assert first_s >= 0.02
+        clock.advance(0.25)
+    assert metrics == {"timing_s/generate": 0.25}
+    clock.advance(4.0)  # between the blocks: not the stage's time
     with timed(metrics, "generate"):
-        time.sleep(0.01)
-    assert metrics["timing_s/generate"] >= first_s + 0.01
+        clock.advance(0.125)
+    assert metrics == {"timing_s/generate": 0.375}
     (span,) = timeline.spans("driver")
-    # Wall-clock seconds near 1.7e9 resolve only ~0.2 microseconds as floats, hence the tolerance.
-    assert span.name == "generate" and span.end_s - span.start_s == pytest.approx(first_s, abs=1e-5)
+    assert (span.name, span.start_s, span.end_s) == ("generate", FakeClock.WALL_OFFSET_S + 1000.0,
+                                                     FakeClock.WALL_OFFSET_S + 1000.25)
 
 
-def test_timed_counts_the_time_of_a_failing_block():
+def test_timed_counts_the_time_of_a_failing_block(clock):
     metrics = {}
-    with pytest.raises(RuntimeError), timed(metrics, "reward"):
+    with pytest.raises(RuntimeError, match="scorer crashed"), timed(metrics, "reward"):
+        clock.advance(0.5)
         raise RuntimeError("scorer crashed")
-    assert metrics["timing_s/reward"] >= 0.0
+    assert metrics == {"timing_s/reward": 0.5}
 
 
-def test_stopwatch_laps_add_up_to_elapsed():
+def test_stopwatch_laps_add_up_to_elapsed(clock):
     stopwatch = Stopwatch()
-    time.sleep(0.01)
-    first_lap_s = stopwatch.lap_s()
-    second_lap_s = stopwatch.lap_s()
-    assert first_lap_s >= 0.01 and second_lap_s < first_lap_s
-    assert stopwatch.elapsed_s() >= first_lap_s + second_lap_s
+    clock.advance(0.5)
+    assert stopwatch.lap_s() == 0.5
+    clock.advance(0.25)
+    assert stopwatch.lap_s() == 0.25  # since the previous lap, not since the start
+    clock.advance(0.125)
+    assert stopwatch.elapsed_s() == 0.875
+    stopwatch.restart()
+    clock.advance(1.0)
+    assert stopwatch.elapsed_s() == 1.0 and stopwatch.lap_s() == 1.0
 
 
 def test_progress_without_a_terminal_prints_status_lines():
