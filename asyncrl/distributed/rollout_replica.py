@@ -11,6 +11,7 @@ stamped with the version of the weights that produced it.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from typing import Any, Optional
@@ -36,6 +37,10 @@ class RolloutReplica:
 
     async def ping(self) -> tuple[int, str]:
         return self.index, self.incarnation
+
+    async def pid(self) -> int:
+        """This replica's process id on its node: the run logs it at start (for a profiler, or to kill it)."""
+        return os.getpid()
 
     async def generate_batch(self, requests: list[GenerationRequest]) -> tuple[list[GenerationResult], float]:
         """All requests at once (continuous batching inside); results in request order, and the seconds

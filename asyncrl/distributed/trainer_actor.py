@@ -9,6 +9,7 @@ released) while the trainer runs, and `sync_local_engine` copies the gathered po
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Optional
 
@@ -37,6 +38,10 @@ class TrainerRank:
 
     def ping(self) -> int:
         return 0
+
+    def pid(self) -> int:
+        """This rank's process id on its node: the run logs it at start (for a profiler, or to kill it)."""
+        return os.getpid()
 
     def compute_log_prob(self, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         log_probs, entropy = self.worker.compute_log_prob(TrainBatch.from_numpy(arrays))

@@ -30,7 +30,7 @@ from asyncrl.core.stages import PPOCore
 from asyncrl.core.trainer_group import TrainerGroup
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.distributed.remote import RemoteCallError, wait_for, wait_for_all
-from asyncrl.distributed.resource_pool import PoolSpec, Pools, ResourceError, allocate_pools
+from asyncrl.distributed.resource_pool import PoolSpec, Pools, ResourceError, allocate_pools, worker_name
 from asyncrl.distributed.runtime import start_ray
 from asyncrl.distributed.rollout_replica import RolloutReplicaActor
 from asyncrl.distributed.trainer_actor import TrainerActor
@@ -184,6 +184,13 @@ def launch_replicas(config: AsyncRLConfig, pools: Pools) -> list[Any]:
                 config, index, threads) for index in range(spec.num_workers)]
 
 
+def actor_pids(config: AsyncRLConfig, trainers: TrainerGroup, replicas: list[Any]) -> dict[str, int]:
+    """Each trainer rank's and rollout replica's process id on its node, asked of the actor."""
+    names = [*trainers.names, *(worker_name("rollout", index) for index in range(len(replicas)))]
+    refs = [actor.pid.remote() for actor in [*trainers.actors, *replicas]]
+    return dict(zip(names, wait_for_all(refs, names, "pid", config.ray.rpc_timeout_s)))
+
+
 def connect_replicas(config: AsyncRLConfig, pools: Pools, replicas: list[Any], trainers: TrainerGroup) -> ReplicaRollout:
     """The replicas behind one handle, joined to trainer rank 0 by the weight-sync group."""
     engine_dtype = torch.bfloat16 if pools.spec("rollout").num_gpus_per_worker else torch.float32
@@ -227,6 +234,8 @@ def build_runtime(config: AsyncRLConfig, launch_mode_actors: Optional[LaunchMode
     try:
         trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)), host_engine=colocated)
         rollout = ColocatedRollout(trainers) if colocated else connect_replicas(config, pools, replicas, trainers)
+        logger.info("processes: %s", ", ".join(f"{name} pid {pid}"
+                                               for name, pid in actor_pids(config, trainers, replicas).items()))
     except BaseException:
         # A failed start leaves nothing behind in a shared Ray cluster: actors, devices and scoring processes.
         for actor in [*mode_actors.values(), *replicas, *(trainers.actors if trainers is not None else [])]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -64,30 +65,38 @@ def epoch_config(make_config, epoch_file, *overrides, output="run"):
                        *overrides, output=output)
 
 
-def test_killed_rollout_replica_is_restarted_resynced_and_the_run_finishes(make_config, epoch_file, ray_session):
+def test_killed_rollout_replica_is_restarted_resynced_and_the_run_finishes(make_config, epoch_file, ray_session,
+                                                                            monkeypatch):
     config = epoch_config(make_config, epoch_file, "trainer.mode=fully_async", "rollout.n_gpus_per_node=1",
                           "async_training.trigger_parameter_sync_step=2", "async_training.staleness_threshold=0.5",
                           "async_training.partial_rollout=true", "weight_sync.timeout_s=20")
     output = Path(config.trainer.output_dir)
+    # This run's replica actors, as the runtime launches them: the fault hits this run's replica, by the process
+    # id it reports, whatever else runs on the machine.
+    replicas = []
+    original_launch = runtime.launch_replicas
+
+    def launch_replicas(*args):
+        replicas.extend(original_launch(*args))
+        return list(replicas)
+
+    monkeypatch.setattr(runtime, "launch_replicas", launch_replicas)
     killed = []
 
     def kill_replica_after_step_2():
         deadline = time.monotonic() + 240
         while last_step(output) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        killed.append(subprocess.run(["pkill", "-9", "-f", "ray::RolloutReplica"]).returncode)
+        (replica,) = replicas
+        pid = ray_session.get(replica.pid.remote(), timeout=60)
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
 
-    # The Ray cluster is shared by the session: an earlier test's replica may still be exiting (slowly on a loaded
-    # machine), and the kill below must hit this run's replica, not that one.
-    deadline = time.monotonic() + 60
-    while subprocess.run(["pgrep", "-f", "ray::RolloutReplica"], capture_output=True).returncode == 0:
-        assert time.monotonic() < deadline, "an earlier test's RolloutReplica process is still alive after 60 s"
-        time.sleep(0.2)
     killer = threading.Thread(target=kill_replica_after_step_2, daemon=True)
     killer.start()
     summary = train(config)
     killer.join(timeout=10)
-    assert killed == [0]  # a replica process was killed
+    assert len(killed) == 1  # this run's replica process was killed
     assert summary["steps"] == 8
     trained = trained_prompts(output, 8)
     assert len(trained) == 64 and set(trained.values()) == {1}
@@ -97,18 +106,27 @@ def test_killed_rollout_replica_is_restarted_resynced_and_the_run_finishes(make_
     assert max(row.get("faults/replica_restarts", 0) for row in rows) == 1
 
 
-def run_cli(config_path: Path, **popen) -> subprocess.Popen:
+def run_cli(config_path: Path, log_path: Path) -> subprocess.Popen:
+    """`asyncrl train` in a session of its own; its log (stderr) goes to `log_path`, readable while it runs."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "train", str(config_path)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **popen)
+    with log_path.open("w") as log:
+        return subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "train", str(config_path)], env=env,
+                                stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
 
 
-def wait_for_step(process: subprocess.Popen, output: Path, step: int, timeout_s: float = 300) -> None:
+def wait_for_step(process: subprocess.Popen, output: Path, log_path: Path, step: int, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while last_step(output) < step:
-        assert process.poll() is None, process.stderr.read()[-3000:]
+        assert process.poll() is None, log_path.read_text()[-3000:]
         assert time.monotonic() < deadline, "the run did not reach the step in time"
         time.sleep(0.1)
+
+
+def logged_pid(log_path: Path, worker: str) -> int:
+    """The process id the run logged at start for `worker` (asked of its actor), e.g. trainer/rank0."""
+    match = re.search(rf"processes: .*\b{re.escape(worker)} pid (\d+)", log_path.read_text())
+    assert match, f"the run logged no process id for {worker}"
+    return int(match.group(1))
 
 
 def test_killed_trainer_rank_stops_the_run_clearly_and_resume_finishes_the_epoch(make_config, epoch_file, tmp_path):
@@ -116,16 +134,17 @@ def test_killed_trainer_rank_stops_the_run_clearly_and_resume_finishes_the_epoch
     config_path = tmp_path / "run.yaml"
     config_path.write_text(dump_config(config))
     output = Path(config.trainer.output_dir)
-    process = run_cli(config_path)
-    wait_for_step(process, output, 3)
-    subprocess.run(["pkill", "-9", "-f", "ray::TrainerRank"])
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 1
+    process = run_cli(config_path, tmp_path / "first.log")
+    wait_for_step(process, output, tmp_path / "first.log", 3)
+    os.kill(logged_pid(tmp_path / "first.log", "trainer/rank0"), signal.SIGKILL)
+    process.communicate(timeout=300)
+    stderr = (tmp_path / "first.log").read_text()
+    assert process.returncode == 1, stderr[-3000:]
     assert "error: trainer/rank0 died" in stderr and "trainer.resume=auto" in stderr
     assert "Traceback" not in stderr
-    resumed = run_cli(config_path)
-    _, stderr = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, stderr[-3000:]
+    resumed = run_cli(config_path, tmp_path / "resumed.log")
+    resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, (tmp_path / "resumed.log").read_text()[-3000:]
     trained = trained_prompts(output, 8)
     assert len(trained) == 64 and set(trained.values()) == {1}
 
@@ -136,17 +155,17 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly_then_resume_finishes(make_
     config_path = tmp_path / "run.yaml"
     config_path.write_text(dump_config(config))
     output = Path(config.trainer.output_dir)
-    process = run_cli(config_path)
-    wait_for_step(process, output, 2)
+    process = run_cli(config_path, tmp_path / "first.log")
+    wait_for_step(process, output, tmp_path / "first.log", 2)
     os.kill(process.pid, signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=300)
-    assert process.returncode == 0, stderr[-3000:]
+    stdout, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, (tmp_path / "first.log").read_text()[-3000:]
     assert "stopped by SIGTERM after" in stdout
     stopped_at = int(stdout.split("stopped by SIGTERM after ")[1].split()[0])
     assert (output / "checkpoints" / f"step_{stopped_at}" / "driver.json").is_file()
-    resumed = run_cli(config_path)
-    _, stderr = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, stderr[-3000:]
+    resumed = run_cli(config_path, tmp_path / "resumed.log")
+    resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, (tmp_path / "resumed.log").read_text()[-3000:]
     steps = [row["step"] for row in read_metrics(output / "metrics.jsonl") if "critic/score/mean" in row]
     assert steps == list(range(1, 9))
     trained = trained_prompts(output, 8)

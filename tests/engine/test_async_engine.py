@@ -31,6 +31,12 @@ def longest_response(engine: AsyncEngine) -> int:
     return max((sequence.num_response_tokens for sequence in running), default=0)
 
 
+def response_tokens(engine: AsyncEngine, request_id: str) -> int:
+    """How many tokens the running request `request_id` has generated (0 while it is not running)."""
+    running = engine.engine.scheduler.running
+    return sum(sequence.num_response_tokens for sequence in running if sequence.request_id == request_id)
+
+
 def test_generate_and_as_completed_equal_the_sync_engine(tiny_folder):
     expected = {result.request_id: result for result in make_engine(tiny_folder).generate(sampled_requests(4))}
 
@@ -120,16 +126,27 @@ def test_update_weights_and_sleep_while_requests_run(tiny_folder):
         assert versions[0] == 0 and versions[-1] == 2 and (np.diff(versions) >= 0).all()
 
 
-def test_cancelled_wait_aborts_and_a_bad_request_fails_only_its_caller(tiny_folder):
+def test_cancelled_wait_aborts_and_a_bad_request_fails_only_its_caller(tiny_folder, monkeypatch):
     async def main():
         engine = AsyncEngine(make_engine(tiny_folder))
+        aborted = []  # what the engine's abort returned: the cancelled request's partial result
+        original_abort = engine.engine.abort
+
+        def abort(request_ids=None):
+            aborted.extend(original_abort(request_ids))
+            return aborted
+
+        monkeypatch.setattr(engine.engine, "abort", abort)
+
         long_request = request("slow", 8, temperature=1.0, max_new_tokens=200, ignore_eos=True, seed=0)
         good = asyncio.create_task(engine.generate(request("good", 6, temperature=1.0, max_new_tokens=8, seed=1,
                                                            ignore_eos=True)))
-        try:
-            await asyncio.wait_for(engine.generate(long_request), timeout=0.05)
-        except asyncio.TimeoutError:
-            pass
+        slow = asyncio.create_task(engine.generate(long_request))
+        # Cancelled once it is running and holds KV blocks, 198 tokens before it could finish by itself.
+        await wait_until(lambda: response_tokens(engine, "slow") >= 2)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
         bad = GenerationRequest("bad", [5, 10_000], SamplingParams(max_new_tokens=4))
         with pytest.raises(ValueError, match="token ids"):
             await engine.generate(bad)
@@ -138,9 +155,11 @@ def test_cancelled_wait_aborts_and_a_bad_request_fails_only_its_caller(tiny_fold
         blocks_used = engine.engine.block_manager.num_used_blocks
         again = await engine.generate(GenerationRequest("slow", prompt(8), SamplingParams(max_new_tokens=3)))
         await engine.close()
-        return good_result, blocks_used, again
+        return good_result, blocks_used, again, aborted
 
-    good_result, blocks_used, again = asyncio.run(main())
+    good_result, blocks_used, again, aborted = asyncio.run(main())
+    assert [(result.request_id, result.finish_reason) for result in aborted] == [("slow", "abort")]
+    assert 2 <= aborted[0].num_response_tokens < 200
     assert good_result.num_response_tokens == 8 and good_result.finish_reason == "length"
     assert blocks_used == 0  # the cancelled request was aborted and its blocks freed
     assert again.request_id == "slow" and again.finish_reason in ("stop", "length")
