@@ -1,14 +1,12 @@
 """Pure tensor functions of RL post-training: advantages, policy and value losses, loss aggregation, KL,
 entropy and rollout correction. Imports nothing but torch; every function documents its tensor shapes
 (B = responses, T = padded response length) and returns ``(result, metrics)`` where it has metrics.
+
+Each family that a config chooses by name is a `Registry` whose entries carry their own metadata
+(`registry.py`): ADVANTAGE_ESTIMATORS, POLICY_LOSSES, KL_ESTIMATORS, LOSS_AGG_MODES, CORRECTION_LEVELS.
 """
 
-from asyncrl.algos.advantages import (
-    ADVANTAGE_ESTIMATORS,
-    CRITIC_ESTIMATORS,
-    GROUP_ESTIMATORS,
-    needs_critic,
-)
+from asyncrl.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimatorSpec
 from asyncrl.algos.aggregation import LOSS_AGG_MODES, aggregate_loss, count_sequences
 from asyncrl.algos.entropy import entropy_from_logits
 from asyncrl.algos.kl import (
@@ -19,8 +17,8 @@ from asyncrl.algos.kl import (
     kl_penalty,
 )
 from asyncrl.algos.masked import masked_mean, masked_sum, masked_whiten
-from asyncrl.algos.policy_losses import POLICY_LOSSES
-from asyncrl.algos.registry import Registry
+from asyncrl.algos.policy_losses import POLICY_LOSSES, PolicyLossSpec
+from asyncrl.algos.registry import Entry, Registry
 from asyncrl.algos.rollout_correction import (
     CORRECTION_LEVELS,
     compute_bypass_correction,
@@ -31,13 +29,14 @@ from asyncrl.algos.value_loss import explained_variance, value_loss
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AdaptiveKLController",
+    "AdvantageEstimatorSpec",
     "CORRECTION_LEVELS",
-    "CRITIC_ESTIMATORS",
+    "Entry",
     "FixedKLController",
-    "GROUP_ESTIMATORS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
+    "PolicyLossSpec",
     "Registry",
     "aggregate_loss",
     "apply_kl_penalty",
@@ -50,6 +49,5 @@ __all__ = [
     "masked_mean",
     "masked_sum",
     "masked_whiten",
-    "needs_critic",
     "value_loss",
 ]

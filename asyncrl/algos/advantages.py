@@ -1,6 +1,6 @@
 """Advantage estimators: from per-token rewards to per-token advantages and returns.
 
-Every estimator has the same signature, so the trainer calls ``ADVANTAGE_ESTIMATORS[name](...)`` with the
+Every estimator has the same signature, so the driver calls ``ADVANTAGE_ESTIMATORS[name](...)`` with the
 full keyword set and each entry ignores what it does not need:
 
     fn(token_level_rewards,      # (B, T) reward per response token; an outcome reward sits on the last valid token
@@ -14,6 +14,9 @@ full keyword set and each entry ignores what it does not need:
 Both outputs are 0 on padded positions, whatever the inputs hold there. The sequence score r_i is the sum of
 the valid token rewards of row i. Groups are the rows sharing a group id; they may have unequal sizes.
 
+Each estimator is registered with what it needs (``AdvantageEstimatorSpec``), which config validation reads:
+a new one is a function of this signature plus ``@ADVANTAGE_ESTIMATORS.register(name, summary=..., ...)``.
+
 Choices:
 - A group of one sample has nobody to be compared with, so every group estimator gives it advantage 0
   (grpo, dr_grpo, rloo, opo, gpg, and reinforce_plus_plus_baseline before the batch whitening). The
@@ -23,16 +26,26 @@ Choices:
 - Outcome-only estimators return ``returns = advantages`` (no critic consumes them).
 """
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from asyncrl.algos.masked import as_bool_mask, count_valid, fill_invalid, masked_sum, masked_whiten
-from asyncrl.algos.registry import Registry
+from asyncrl.algos.registry import Entry, Registry, column
 
-# Estimators that compare the responses of one prompt: they need rollout.n >= 2.
-GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"})
-# Estimators that need critic values.
-CRITIC_ESTIMATORS = frozenset({"gae"})
+
+@dataclass(frozen=True)
+class AdvantageEstimatorSpec(Entry):
+    """What an advantage estimator needs from the run."""
+
+    needs_critic: bool = column("needs a critic", False)  # reads ``values`` (B, T)
+    needs_groups: bool = column("compares a prompt's responses (rollout.n >= 2)", False)
+    # Reads ``reward_baselines``, the score of a greedy response per prompt, which the stages do not generate yet.
+    needs_greedy_baseline: bool = column("needs a greedy response per prompt (refused: not generated yet)", False)
+
+
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimatorSpec] = Registry("advantage estimator", AdvantageEstimatorSpec)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -99,6 +112,9 @@ def _discounted_returns(token_level_rewards: Tensor, response_mask: Tensor, gamm
 
 
 # ------------------------------------------------------------------------------------------- estimators
+@ADVANTAGE_ESTIMATORS.register(
+    "gae", needs_critic=True,
+    summary="generalised advantage estimation from the critic's values (gamma, lam), whitened over the batch")
 def gae(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
         gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
     """Generalised advantage estimation (Schulman et al.) from critic ``values`` (B, T).
@@ -127,6 +143,9 @@ def gae(token_level_rewards, response_mask, group_ids, *, values=None, reward_ba
     return masked_whiten(advantages, valid), returns
 
 
+@ADVANTAGE_ESTIMATORS.register(
+    "grpo", needs_groups=True,
+    summary="(r - group mean) / (group std + epsilon); no division with algorithm.norm_adv_by_std_in_grpo=false")
 def grpo(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
          gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
     """GRPO: A_i = (r_i - mean_g) / (std_g + epsilon) with the unbiased group std, broadcast over tokens.
@@ -143,12 +162,18 @@ def grpo(token_level_rewards, response_mask, group_ids, *, values=None, reward_b
     return advantages, advantages
 
 
+@ADVANTAGE_ESTIMATORS.register(
+    "dr_grpo", needs_groups=True,
+    summary="Dr.GRPO: r - group mean, never divided by the std")
 def dr_grpo(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
             gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
     """Dr.GRPO (Liu et al.): A_i = r_i - mean_g, never divided by the std (``norm_adv_by_std`` is ignored)."""
     return grpo(token_level_rewards, response_mask, group_ids, norm_adv_by_std=False, epsilon=epsilon)
 
 
+@ADVANTAGE_ESTIMATORS.register(
+    "rloo", needs_groups=True,
+    summary="REINFORCE leave-one-out: r minus the mean of the prompt's other responses")
 def rloo(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
          gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
     """REINFORCE leave-one-out: A_i = r_i - mean of the other samples = n/(n-1) (r_i - mean_g).
@@ -163,6 +188,9 @@ def rloo(token_level_rewards, response_mask, group_ids, *, values=None, reward_b
     return advantages, advantages
 
 
+@ADVANTAGE_ESTIMATORS.register(
+    "reinforce_plus_plus",
+    summary="REINFORCE++: discounted return-to-go (gamma), whitened over the batch")
 def reinforce_plus_plus(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
                         gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
     """REINFORCE++: G = discounted return-to-go with ``gamma``; A = whiten(G) over the batch; returns = G."""
@@ -171,6 +199,9 @@ def reinforce_plus_plus(token_level_rewards, response_mask, group_ids, *, values
     return masked_whiten(returns, response_mask), returns
 
 
+@ADVANTAGE_ESTIMATORS.register(
+    "reinforce_plus_plus_baseline", needs_groups=True,
+    summary="REINFORCE++ with a group baseline: r - group mean, whitened over the batch")
 def reinforce_plus_plus_baseline(token_level_rewards, response_mask, group_ids, *, values=None,
                                  reward_baselines=None, gamma=1.0, lam=1.0, norm_adv_by_std=True,
                                  epsilon=1e-6):
@@ -182,6 +213,9 @@ def reinforce_plus_plus_baseline(token_level_rewards, response_mask, group_ids, 
     return advantages, advantages
 
 
+@ADVANTAGE_ESTIMATORS.register(
+    "remax", needs_greedy_baseline=True,
+    summary="ReMax: reward-to-go minus the score of the prompt's greedy response")
 def remax(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
           gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
     """ReMax: A_t = G_t - b_i with G the undiscounted reward-to-go (``gamma`` is ignored, as in the paper)
@@ -194,6 +228,7 @@ def remax(token_level_rewards, response_mask, group_ids, *, values=None, reward_
     return fill_invalid(returns - baselines, response_mask), returns
 
 
+@ADVANTAGE_ESTIMATORS.register("opo", needs_groups=True, summary="OPO: r minus the length-weighted group mean")
 def opo(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
         gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
     """OPO: length-weighted group baseline b_g = sum_j l_j r_j / sum_j l_j (l = valid length); A_i = r_i - b_g."""
@@ -208,6 +243,9 @@ def opo(token_level_rewards, response_mask, group_ids, *, values=None, reward_ba
     return advantages, advantages
 
 
+@ADVANTAGE_ESTIMATORS.register(
+    "gpg", needs_groups=True,
+    summary="GPG: (r - group mean) x B / number of non-zero scores")
 def gpg(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
         gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
     """GPG: A_i = alpha (r_i - mean_g) with alpha = B / max(1, number of non-zero scores); no std division."""
@@ -218,24 +256,3 @@ def gpg(token_level_rewards, response_mask, group_ids, *, values=None, reward_ba
     advantages = _broadcast(alpha * (scores - means), response_mask)
     return advantages, advantages
 
-
-ADVANTAGE_ESTIMATORS = Registry(
-    "advantage estimator",
-    {
-        "gae": gae,
-        "grpo": grpo,
-        "dr_grpo": dr_grpo,
-        "rloo": rloo,
-        "reinforce_plus_plus": reinforce_plus_plus,
-        "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline,
-        "remax": remax,
-        "opo": opo,
-        "gpg": gpg,
-    },
-)
-
-
-def needs_critic(name: str) -> bool:
-    """Whether the estimator ``name`` needs critic values (raises ValueError for an unknown name)."""
-    ADVANTAGE_ESTIMATORS[name]  # validates the name
-    return name in CRITIC_ESTIMATORS

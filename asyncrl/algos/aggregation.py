@@ -29,8 +29,10 @@ import torch
 from torch import Tensor
 
 from asyncrl.algos.masked import as_bool_mask, count_valid, fill_invalid
+from asyncrl.algos.registry import Entry, Registry
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# Every mode: fn(sequence_sums (B,), mask (B, T), *, num_tokens, num_seqs, norm_length) -> scalar loss.
+LOSS_AGG_MODES: Registry[Entry] = Registry("loss aggregation mode", Entry)
 
 
 def count_sequences(mask: Tensor) -> Tensor:
@@ -48,6 +50,35 @@ def _denominator(count: float | int | Tensor | None, local: Tensor, like: Tensor
     return max(float(chosen), 1.0)
 
 
+@LOSS_AGG_MODES.register("token-mean", summary="sum over the valid tokens / their number")
+def token_mean(sequence_sums: Tensor, mask: Tensor, *, num_tokens=None, num_seqs=None, norm_length=None) -> Tensor:
+    return sequence_sums.sum() / _denominator(num_tokens, count_valid(mask), sequence_sums)
+
+
+@LOSS_AGG_MODES.register("seq-mean-token-sum", summary="sum of each sequence's tokens, mean over sequences")
+def seq_mean_token_sum(sequence_sums: Tensor, mask: Tensor, *, num_tokens=None, num_seqs=None,
+                       norm_length=None) -> Tensor:
+    return sequence_sums.sum() / _denominator(num_seqs, count_sequences(mask), sequence_sums)
+
+
+@LOSS_AGG_MODES.register("seq-mean-token-mean", summary="mean of each sequence's tokens, mean over sequences")
+def seq_mean_token_mean(sequence_sums: Tensor, mask: Tensor, *, num_tokens=None, num_seqs=None,
+                        norm_length=None) -> Tensor:
+    lengths = count_valid(mask, dim=-1).to(sequence_sums.dtype).clamp_min(1.0)  # (B,)
+    return (sequence_sums / lengths).sum() / _denominator(num_seqs, count_sequences(mask), sequence_sums)
+
+
+@LOSS_AGG_MODES.register(
+    "seq-mean-token-sum-norm",
+    summary="Dr.GRPO's constant normaliser: sum over the valid tokens / (sequences x the maximum response length)")
+def seq_mean_token_sum_norm(sequence_sums: Tensor, mask: Tensor, *, num_tokens=None, num_seqs=None,
+                            norm_length=None) -> Tensor:
+    if norm_length is not None and norm_length <= 0:
+        raise ValueError(f"norm_length must be positive, got {norm_length}")
+    length = max(mask.shape[-1], 1) if norm_length is None else norm_length
+    return sequence_sums.sum() / (_denominator(num_seqs, count_sequences(mask), sequence_sums) * length)
+
+
 def aggregate_loss(
     loss_matrix: Tensor,  # (B, T) per-token loss; padded positions may hold anything
     mask: Tensor,  # (B, T) float or bool, 1 on valid tokens
@@ -61,22 +92,10 @@ def aggregate_loss(
 
     Returns a scalar tensor that keeps the gradient of ``loss_matrix``.
     """
-    if mode not in LOSS_AGG_MODES:
-        raise ValueError(f"unknown loss_agg_mode {mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}")
+    aggregate = LOSS_AGG_MODES[mode]
     if loss_matrix.shape != mask.shape or loss_matrix.dim() != 2:
         raise ValueError(
             f"loss_matrix and mask must both be (B, T), got {tuple(loss_matrix.shape)} and {tuple(mask.shape)}"
         )
     sequence_sums = fill_invalid(loss_matrix, mask).sum(dim=-1)  # (B,)
-    if mode == "token-mean":
-        return sequence_sums.sum() / _denominator(num_tokens, count_valid(mask), loss_matrix)
-    sequences = _denominator(num_seqs, count_sequences(mask), loss_matrix)
-    if mode == "seq-mean-token-sum":
-        return sequence_sums.sum() / sequences
-    if mode == "seq-mean-token-mean":
-        lengths = count_valid(mask, dim=-1).to(loss_matrix.dtype).clamp_min(1.0)  # (B,)
-        return (sequence_sums / lengths).sum() / sequences
-    if norm_length is not None and norm_length <= 0:
-        raise ValueError(f"norm_length must be positive, got {norm_length}")
-    length = max(loss_matrix.shape[-1], 1) if norm_length is None else norm_length
-    return sequence_sums.sum() / (sequences * length)
+    return aggregate(sequence_sums, mask, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)

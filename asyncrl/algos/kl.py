@@ -10,8 +10,8 @@ Estimators (Schulman's k1/k2/k3), with delta = log_probs - ref_log_probs, all of
 
 Each name also exists with a ``+`` suffix (``k1+``, ``k3+``, ``low_var_kl+``, ...): a straight-through variant
 whose forward value is the base estimator and whose gradient is the gradient of k2 (i.e. delta), an unbiased
-gradient of KL(policy || reference) for samples of the policy. ``kl_penalty`` strips the ``+`` before looking
-the base estimator up.
+gradient of KL(policy || reference) for samples of the policy. Every name, ``+`` forms included, is an entry of
+``KL_ESTIMATORS``, which config validation reads.
 
 The estimators are elementwise: their values on padded positions are meaningless (garbage in, garbage out);
 callers select the valid tokens with ``torch.where`` (``apply_kl_penalty`` does).
@@ -24,31 +24,46 @@ import torch
 from torch import Tensor
 
 from asyncrl.algos.masked import as_bool_mask, count_valid, fill_invalid, masked_mean, metrics_to_floats
-from asyncrl.algos.registry import Registry
+from asyncrl.algos.registry import Entry, Registry
 
 _MAX_LOG_RATIO = 20.0
 _MAX_K3 = 10.0
 
+KL_ESTIMATORS: Registry[Entry] = Registry("KL estimator", Entry)
 
+
+@KL_ESTIMATORS.register("k1", summary="delta = log p - log p_ref: unbiased, high variance")
 def k1(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """delta = log p - log p_ref; unbiased but high-variance; (B, T)."""
     return log_probs - ref_log_probs
 
 
+KL_ESTIMATORS.add("kl", k1, summary="another name for k1")
+
+
+@KL_ESTIMATORS.register("abs", summary="|delta|")
 def absolute(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """|delta|; (B, T)."""
     return (log_probs - ref_log_probs).abs()
 
 
+@KL_ESTIMATORS.register("k2", summary="delta^2 / 2: low variance, biased; its gradient is delta")
 def k2(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """delta^2 / 2; low variance, biased; its gradient is delta; (B, T)."""
     return 0.5 * (log_probs - ref_log_probs).square()
 
 
+KL_ESTIMATORS.add("mse", k2, summary="another name for k2")
+
+
+@KL_ESTIMATORS.register("k3", summary="exp(-delta) + delta - 1 >= 0: unbiased, low variance, clamped to [-10, 10]")
 def k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """exp(-delta) + delta - 1 >= 0, unbiased and low-variance; clamped so a bad token cannot explode; (B, T)."""
     negative_delta = (ref_log_probs - log_probs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     return (torch.exp(negative_delta) - negative_delta - 1.0).clamp(-_MAX_K3, _MAX_K3)
+
+
+KL_ESTIMATORS.add("low_var_kl", k3, summary="another name for k3")
 
 
 def _straight_through(base):
@@ -64,22 +79,20 @@ def _straight_through(base):
     return estimator
 
 
-_BASE_ESTIMATORS = {"k1": k1, "kl": k1, "abs": absolute, "k2": k2, "mse": k2, "k3": k3, "low_var_kl": k3}
+def _register_straight_through_variants() -> None:
+    for base in KL_ESTIMATORS.specs():
+        KL_ESTIMATORS.add(f"{base.name}+", _straight_through(base.fn),
+                          summary=f"forward value of {base.name}, gradient of k2 (unbiased for KL(policy || ref))")
 
-KL_ESTIMATORS = Registry(
-    "KL estimator",
-    {
-        **_BASE_ESTIMATORS,
-        **{f"{name}+": _straight_through(estimator) for name, estimator in _BASE_ESTIMATORS.items()},
-    },
-)
+
+_register_straight_through_variants()
 
 
 def kl_penalty(name: str, log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """Per-token KL estimate ``name`` between the policy and the reference; (B, T).
 
-    A trailing ``+`` selects the straight-through variant of the base estimator named without it (the
-    registry built those entries by stripping the suffix, so ``k3+`` works; pitfall P14 of the reference).
+    A trailing ``+`` selects the straight-through variant of the base estimator named without it (each base
+    name has its ``+`` entry in the registry, so ``k3+`` works; pitfall P14 of the reference).
     """
     return KL_ESTIMATORS[name](log_probs, ref_log_probs)
 

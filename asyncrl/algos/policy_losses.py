@@ -20,20 +20,44 @@ call, never read from a shared config, so what the trainer asks for is what runs
 
 Metrics (detached 0-dim tensors on the inputs' device, or Python floats for a term a loss does not have; a
 trainer sums them on the device, and ``masked.metrics_to_floats`` turns them into floats with one copy, so a
-loss call never makes the host wait for the GPU, except in the losses ``POLICY_LOSSES.host_reads`` names, with
-why): ``pg_loss``, ``pg_clipfrac`` (fraction of valid tokens where the ratio clip is active),
+loss call never makes the host wait for the GPU, except in the losses registered with a ``host_read``, which
+says why): ``pg_loss``, ``pg_clipfrac`` (fraction of valid tokens where the ratio clip is active),
 ``pg_clipfrac_lower`` (dual clip active), ``ppo_kl`` (masked mean of old - new log-prob); clip_cov and kl_cov
 add ``pg_covfrac`` (fraction of valid tokens selected by the covariance rule).
+
+A new loss is a function of this signature plus ``@POLICY_LOSSES.register(name, summary=...)``; its record
+(``PolicyLossSpec``) is what config validation reads (``actor.cuda_graphs`` takes only capturable losses).
 """
+
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from asyncrl.algos.aggregation import aggregate_loss
 from asyncrl.algos.masked import as_bool_mask, fill_invalid, masked_mean
-from asyncrl.algos.registry import Registry
+from asyncrl.algos.registry import Entry, Registry, column
 
 _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: large enough never to matter, small enough never to overflow float32
+
+
+@dataclass(frozen=True)
+class PolicyLossSpec(Entry):
+    """How a policy loss runs on the device."""
+
+    # Why the loss reads a device value on the host (on a GPU, a wait for every queued kernel at each call);
+    # None for a loss that never does, which `tests/algos` checks on the meta device.
+    host_read: Optional[str] = column("reads the host (so no CUDA graph)", None)
+
+    @property
+    def capturable(self) -> bool:
+        """Whether a CUDA graph can replay it: a graph replays fixed kernels on fixed shapes, and a host read (a
+        synchronisation, or a shape taken from the data) is exactly what it cannot replay."""
+        return self.host_read is None
+
+
+POLICY_LOSSES: Registry[PolicyLossSpec] = Registry("policy loss", PolicyLossSpec, plural="policy losses")
 
 
 def _prepare(log_probs, old_log_probs, advantages, response_mask):
@@ -83,6 +107,7 @@ def _covariance(advantages, log_probs, valid) -> Tensor:
         return torch.where(valid, centred, -torch.inf)
 
 
+@POLICY_LOSSES.register("vanilla", summary="PPO clip with asymmetric bounds and dual clip")
 def vanilla(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
             clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
             num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
@@ -103,6 +128,7 @@ def vanilla(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mod
                    metrics)
 
 
+@POLICY_LOSSES.register("gspo", summary="GSPO: PPO clip on the sequence ratio exp(mean_t log rho)")
 def gspo(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
          clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
          num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
@@ -123,6 +149,7 @@ def gspo(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="
                    metrics)
 
 
+@POLICY_LOSSES.register("cispo", summary="CISPO: -clip(rho) A logp, the clipped ratio as a constant weight")
 def cispo(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
           clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
           num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
@@ -140,6 +167,10 @@ def cispo(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode=
                    metrics)
 
 
+@POLICY_LOSSES.register(
+    "clip_cov", summary="Clip-Cov: PPO clip, minus the loss of a few random high-covariance tokens",
+    host_read="how many tokens to pick is a Python int from the valid-token count, and the candidates are the "
+              "eligible tokens' indices (a data-dependent shape)")
 def clip_cov(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
              clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
              num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
@@ -168,6 +199,9 @@ def clip_cov(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mo
                    metrics)
 
 
+@POLICY_LOSSES.register(
+    "kl_cov", summary="KL-Cov: -A rho plus a |log-ratio| penalty on the highest-covariance tokens",
+    host_read="how many tokens to pick (topk's k) is a Python int from the valid-token count")
 def kl_cov(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
            clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
            num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
@@ -190,6 +224,7 @@ def kl_cov(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode
                    metrics)
 
 
+@POLICY_LOSSES.register("reinforce", summary="importance-weighted policy gradient without clip, for bypass mode")
 def reinforce(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
               clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
               num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
@@ -205,20 +240,3 @@ def reinforce(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_m
     return _finish(per_token_loss, valid, rollout_is_weights, loss_agg_mode, num_tokens, num_seqs, norm_length,
                    metrics)
 
-
-POLICY_LOSSES = Registry(
-    "policy loss",
-    {
-        "vanilla": vanilla,
-        "gspo": gspo,
-        "cispo": cispo,
-        "clip_cov": clip_cov,
-        "kl_cov": kl_cov,
-        "reinforce": reinforce,
-    },
-    host_reads={
-        "clip_cov": "how many tokens to pick is a Python int from the valid-token count, and the candidates are "
-                    "the eligible tokens' indices (a data-dependent shape)",
-        "kl_cov": "how many tokens to pick (topk's k) is a Python int from the valid-token count",
-    },
-)

@@ -1,27 +1,109 @@
-"""A name -> function table for one family of algorithms (advantage estimators, policy losses, KL types).
+"""A registry per algorithm family: each entry is a function plus its own metadata, registered next to its
+definition.
 
-Every entry of one registry has exactly the same signature, so a call site is one line,
-``POLICY_LOSSES[name](...)``. An unknown name raises ``ValueError`` listing the valid names instead of a bare
-``KeyError`` deep in the training loop.
+    @ADVANTAGE_ESTIMATORS.register("grpo", needs_groups=True, summary="(r - group mean) / group std")
+    def grpo(token_level_rewards, response_mask, group_ids, *, values=None, ...): ...
+
+    ADVANTAGE_ESTIMATORS["grpo"](rewards, mask, group_ids, ...)    # the function, called as before
+    ADVANTAGE_ESTIMATORS.spec("grpo").needs_groups                  # what it needs, read by config validation
+
+Every entry of one registry has the same signature, so a call site is one line. The family's record type
+(a frozen dataclass deriving from `Entry`) says which metadata an entry carries; a registration that names a
+field the record does not have is a TypeError at import. Config validation, the schema's help and
+docs/configuration.md read names and metadata from here, so a new estimator or loss is one function and one
+registration, from any module. An unknown name raises ValueError naming the closest registered one.
 """
 
-from typing import Callable, Optional
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Iterator, TypeVar
+
+# Entries whose function is defined in this package are the ones asyncrl ships (and documents).
+PACKAGE_PREFIX = "asyncrl.algos."
 
 
-class Registry(dict):
-    """A dict of name -> function whose lookup of an unknown name raises ValueError with the valid names.
+@dataclass(frozen=True)
+class Entry:
+    """What every registered function carries. A family's record adds fields whose metadata "column" titles
+    them in the generated reference."""
 
-    ``host_reads``, for a family that runs on the device every step (the policy losses), names the entries that
-    read a device value on the host (on a GPU, a wait for every queued kernel at each call), each with why it
-    must; the family's other entries never do, which `tests/algos` checks on the meta device."""
+    name: str
+    fn: Callable[..., Any]
+    summary: str  # one line for the reference: what the entry computes
 
-    def __init__(self, family: str, entries: dict[str, Callable], host_reads: Optional[dict[str, str]] = None):
-        super().__init__(entries)
-        self.family = family
-        self.host_reads = host_reads or {}
-        unknown = sorted(set(self.host_reads) - set(entries))
-        if unknown:
-            raise ValueError(f"{family} host_reads names entries that are not registered: {', '.join(unknown)}")
 
-    def __missing__(self, name: str):
-        raise ValueError(f"unknown {self.family} {name!r}; valid names: {', '.join(sorted(self))}")
+S = TypeVar("S", bound=Entry)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def column(title: str, default: Any) -> Any:
+    """A metadata field of a family's record, titled `title` in the generated reference."""
+    return field(default=default, metadata={"column": title})
+
+
+class Registry(Mapping[str, Callable[..., Any]], Generic[S]):
+    """name -> function, in registration order, with each entry's record behind `spec(name)`."""
+
+    def __init__(self, family: str, record: type[S], plural: str = ""):
+        self.family = family  # "advantage estimator": used in messages and headings
+        self.plural = plural or f"{family}s"
+        self.record = record
+        self._specs: dict[str, S] = {}
+
+    def register(self, name: str, **metadata: Any) -> Callable[[F], F]:
+        """Decorator: registers the function under `name` with `metadata` (the record's fields) and returns it
+        unchanged."""
+
+        def decorator(fn: F) -> F:
+            self.add(name, fn, **metadata)
+            return fn
+
+        return decorator
+
+    def add(self, name: str, fn: Callable[..., Any], **metadata: Any) -> S:
+        """Registers `fn` under `name`; a name is registered once (a second registration would silently
+        replace what every config naming it runs)."""
+        if name in self._specs:
+            existing = self._specs[name].fn
+            raise ValueError(f"{self.family} {name!r} is already registered "
+                             f"(by {existing.__module__}.{existing.__qualname__})")
+        spec = self.record(name=name, fn=fn, **metadata)
+        self._specs[name] = spec
+        return spec
+
+    def spec(self, name: str) -> S:
+        """The record of `name`: its function and metadata."""
+        if name not in self._specs:
+            raise ValueError(self.unknown_name_message(name))
+        return self._specs[name]
+
+    def specs(self) -> list[S]:
+        """Every record, in registration order."""
+        return list(self._specs.values())
+
+    def builtin_specs(self) -> list[S]:
+        """The records asyncrl ships (their function is defined in asyncrl.algos), in registration order: what
+        the generated reference lists, so that it does not depend on what a process registered besides."""
+        return [spec for spec in self._specs.values() if spec.fn.__module__.startswith(PACKAGE_PREFIX)]
+
+    def unknown_name_message(self, name: Any) -> str:
+        """'unknown advantage estimator 'grpp'; did you mean 'grpo'? valid names: gae, grpo, ...'."""
+        close = difflib.get_close_matches(str(name), list(self._specs), n=1, cutoff=0.5)  # the config keys' cutoff
+        hint = f"; did you mean {close[0]!r}?" if close else ";"
+        return f"unknown {self.family} {name!r}{hint} valid names: {', '.join(self._specs)}"
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        return self.spec(name).fn
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.family!r}: {', '.join(self._specs)})"

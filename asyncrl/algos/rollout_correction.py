@@ -41,25 +41,35 @@ import torch
 from torch import Tensor
 
 from asyncrl.algos.masked import as_bool_mask, fill_invalid, masked_mean, metrics_to_floats
+from asyncrl.algos.registry import Entry, Registry
 
-CORRECTION_LEVELS = (None, "token", "sequence", "geometric")
 _MAX_LOG_RATIO = 20.0
 _PREFIX = "rollout_corr/"
 
+# Every level: fn(log_ratio (B, T), valid (B, T) bool) -> (the log-ratio of each unit, the mask of units that
+# exist), a unit being a token (B, T) or a sequence (B,). None (no correction) is not a level.
+CORRECTION_LEVELS: Registry[Entry] = Registry("rollout-correction level", Entry)
+
+
+@CORRECTION_LEVELS.register("token", summary="each token's own ratio exp(l_t)")
+def token_level(log_ratio: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    return log_ratio, valid
+
+
+@CORRECTION_LEVELS.register("sequence", summary="the sequence's ratio exp(sum_t l_t), on each of its tokens")
+def sequence_level(log_ratio: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    return log_ratio.sum(dim=-1), valid.any(dim=-1)
+
+
+@CORRECTION_LEVELS.register("geometric", summary="the sequence's geometric mean ratio exp(mean_t l_t), on each "
+                                                 "of its tokens")
+def geometric_level(log_ratio: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    return masked_mean(log_ratio, valid, dim=-1), valid.any(dim=-1)
+
 
 def _check_level(kind: str, level: str | None) -> None:
-    if level not in CORRECTION_LEVELS:
-        raise ValueError(f"unknown {kind} {level!r}; valid levels: {', '.join(map(str, CORRECTION_LEVELS))}")
-
-
-def _unit_log_ratios(log_ratio: Tensor, valid: Tensor, level: str) -> tuple[Tensor, Tensor]:
-    """The log-ratio of each unit (token (B, T) or sequence (B,)) and the mask of units that exist."""
-    if level == "token":
-        return log_ratio, valid
-    has_tokens = valid.any(dim=-1)  # (B,)
-    if level == "sequence":
-        return log_ratio.sum(dim=-1), has_tokens
-    return masked_mean(log_ratio, valid, dim=-1), has_tokens  # geometric
+    if level is not None and level not in CORRECTION_LEVELS:
+        raise ValueError(f"{kind}: {CORRECTION_LEVELS.unknown_name_message(level)}")
 
 
 def _to_tokens(per_unit: Tensor, valid: Tensor) -> Tensor:
@@ -76,7 +86,7 @@ def _masked_extremes(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 
 def _importance_weights(log_ratio, valid, level, threshold, batch_normalize) -> tuple[Tensor, dict[str, Tensor]]:
     """Truncated (optionally normalised) IS weights (B, T) and their metrics."""
-    unit_log_ratio, units = _unit_log_ratios(log_ratio, valid, level)
+    unit_log_ratio, units = CORRECTION_LEVELS[level](log_ratio, valid)
     weights = torch.exp(unit_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
     metrics = {}
     if threshold is not None:
@@ -105,7 +115,7 @@ def _rejection_keep(log_ratio, valid, level, upper, lower) -> tuple[Tensor, dict
         raise ValueError(f"rollout rejection needs 0 <= rs_threshold_lower < rs_threshold, got {lower} and {upper}")
     log_upper = math.log(upper) if upper != math.inf else math.inf
     log_lower = math.log(lower) if lower > 0.0 else -math.inf
-    unit_log_ratio, _ = _unit_log_ratios(log_ratio, valid, level)
+    unit_log_ratio, _ = CORRECTION_LEVELS[level](log_ratio, valid)
     keep_units = (unit_log_ratio <= log_upper) & (unit_log_ratio >= log_lower)
     keep = keep_units if keep_units.dim() == 2 else keep_units[:, None].expand_as(valid)
     rejected = valid & ~keep

@@ -1,21 +1,17 @@
 """Cross-field rules of a config, checked once at start (before any Ray worker exists).
 
-Each rule raises `ConfigError` naming the keys involved and their values.
+Each rule raises `ConfigError` naming the keys involved and their values. What an algorithm needs (a critic,
+groups of responses, a replayable loss) is read from its registry entry's metadata in `asyncrl.algos`, so a
+newly registered estimator or loss is checked like a built-in one.
 """
 
 from __future__ import annotations
 
-from asyncrl.config.loader import ConfigError
+from asyncrl.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+from asyncrl.config.errors import ConfigError
 from asyncrl.config.schema import AsyncRLConfig
 
-# Estimators that compare the n responses of one prompt, so they need n >= 2 to mean anything.
-GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"})
-ADVANTAGE_ESTIMATORS = GROUP_ESTIMATORS | {"gae", "reinforce_plus_plus", "remax"}
-KL_TYPES = frozenset({"k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"})
 LOGGERS = frozenset({"console", "jsonl", "tensorboard", "wandb", "mlflow"})
-# Policy losses with no host synchronisation or random choice, so a CUDA graph can replay them (clip_cov and
-# kl_cov select a data-dependent number of tokens).
-CAPTURABLE_LOSS_MODES = ("vanilla", "gspo", "cispo", "reinforce")
 
 
 def cuda_decode_takes_block_size(block_size: int) -> bool:
@@ -61,22 +57,20 @@ def check_batch_sizes(config: AsyncRLConfig) -> None:
 
 def check_algorithm(config: AsyncRLConfig) -> None:
     algorithm = config.algorithm
-    if algorithm.adv_estimator not in ADVANTAGE_ESTIMATORS:
+    name = algorithm.adv_estimator
+    estimator = ADVANTAGE_ESTIMATORS.spec(name)
+    if estimator.needs_groups and config.rollout.n < 2:
         raise ConfigError(
-            f"algorithm.adv_estimator: {algorithm.adv_estimator!r} is not one of {sorted(ADVANTAGE_ESTIMATORS)}")
-    if algorithm.adv_estimator in GROUP_ESTIMATORS and config.rollout.n < 2:
+            f"algorithm.adv_estimator={name} compares responses within a group and needs rollout.n >= 2, got "
+            f"rollout.n={config.rollout.n}")
+    if estimator.needs_greedy_baseline:
+        # The estimator exists in asyncrl.algos; the stages would need a greedy generation per prompt first.
+        usable = [spec.name for spec in ADVANTAGE_ESTIMATORS.specs() if not spec.needs_greedy_baseline]
         raise ConfigError(
-            f"algorithm.adv_estimator={algorithm.adv_estimator} compares responses within a group and needs "
-            f"rollout.n >= 2, got rollout.n={config.rollout.n}")
-    if algorithm.adv_estimator == "remax":
-        raise ConfigError("algorithm.adv_estimator=remax needs a greedy baseline generation per prompt, which the "
-                          "training stages do not produce yet (the estimator exists in asyncrl.algos); use grpo, "
-                          "rloo or reinforce_plus_plus_baseline")
-    if algorithm.adv_estimator == "gae" and config.critic.enable is False:
-        raise ConfigError("algorithm.adv_estimator=gae needs a critic, but critic.enable=false")
-    for key, value in (("algorithm.kl_penalty", algorithm.kl_penalty), ("actor.kl_loss_type", config.actor.kl_loss_type)):
-        if value.rstrip("+") not in KL_TYPES:
-            raise ConfigError(f"{key}: {value!r} is not one of {sorted(KL_TYPES)} (optionally with a '+' suffix)")
+            f"algorithm.adv_estimator={name} needs a greedy baseline generation per prompt, which the training "
+            f"stages do not produce yet; use one of {', '.join(usable)}")
+    if estimator.needs_critic and config.critic.enable is False:
+        raise ConfigError(f"algorithm.adv_estimator={name} needs a critic, but critic.enable=false")
     correction = algorithm.rollout_correction
     lower, upper = correction.rollout_rs_threshold_lower, correction.rollout_rs_threshold
     if correction.rollout_rs is not None and lower is None and upper is None:
@@ -104,9 +98,11 @@ def check_cuda_graphs(config: AsyncRLConfig) -> None:
         raise ConfigError(f"actor.cuda_graphs needs one trainer rank (it replaces FSDP with fixed-address weight "
                           f"copies), got trainer.n_gpus_per_node x trainer.nnodes = {world_size}")
     loss_mode = config.actor.policy_loss.loss_mode
-    if loss_mode not in CAPTURABLE_LOSS_MODES:
-        raise ConfigError(f"actor.cuda_graphs: actor.policy_loss.loss_mode={loss_mode} selects a data-dependent "
-                          f"number of tokens, which a CUDA graph cannot replay; use one of {CAPTURABLE_LOSS_MODES}")
+    host_read = POLICY_LOSSES.spec(loss_mode).host_read
+    if host_read is not None:
+        capturable = [spec.name for spec in POLICY_LOSSES.specs() if spec.capturable]
+        raise ConfigError(f"actor.cuda_graphs: actor.policy_loss.loss_mode={loss_mode} reads the host ({host_read}), "
+                          f"which a CUDA graph cannot replay; use one of {', '.join(capturable)}")
     correction = config.algorithm.rollout_correction
     if correction.bypass_mode and (correction.rollout_is is not None or correction.rollout_rs is not None):
         raise ConfigError("actor.cuda_graphs: the bypass-mode correction of algorithm.rollout_correction "
@@ -140,10 +136,17 @@ def check_length_distribution(text: str) -> None:
 
 
 def needs_critic(config: AsyncRLConfig) -> bool:
-    """critic.enable when set, else whether the estimator needs values (GAE)."""
+    """critic.enable when set, else whether the advantage estimator needs critic values (its metadata)."""
     if config.critic.enable is not None:
         return config.critic.enable
-    return config.algorithm.adv_estimator == "gae"
+    return ADVANTAGE_ESTIMATORS.spec(config.algorithm.adv_estimator).needs_critic
+
+
+def resolve_critic(config: AsyncRLConfig) -> None:
+    """Sets an unset critic.enable from the estimator's metadata. The trainer workers read the config in their
+    own processes, where an estimator the user registered in the driver does not exist: the decision travels
+    in the config instead of being looked up there."""
+    config.critic.enable = needs_critic(config)
 
 
 def needs_reference(config: AsyncRLConfig) -> bool:

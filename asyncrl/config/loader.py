@@ -2,8 +2,9 @@
 
     cfg = load_config("run.yaml", ["actor.optim.lr=1e-5", "trainer.mode=fully_async"])
 
-Errors are `ConfigError` (a ValueError) naming the dotted key, the bad value and, for an unknown key,
-the closest valid one. Cross-field invariants run last (`invariants.check_invariants`).
+Errors are `ConfigError` (a ValueError) naming the dotted key, the bad value and, for an unknown key or an
+unregistered algorithm name, the closest valid one. Cross-field invariants run last
+(`invariants.check_invariants`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from asyncrl.config.errors import ConfigError
+from asyncrl.config.invariants import check_invariants, resolve_critic
 from asyncrl.config.schema import AsyncRLConfig
-
-
-class ConfigError(ValueError):
-    """A bad config: the message names the key, the value and what was expected."""
 
 
 class ConfigYamlLoader(yaml.SafeLoader):
@@ -56,8 +55,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         set_dotted(tree, key, value)
     config = build_dataclass(AsyncRLConfig, tree, prefix="")
     if check:
-        from asyncrl.config.invariants import check_invariants
         check_invariants(config)
+    resolve_critic(config)
     return config
 
 
@@ -112,6 +111,7 @@ def build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
         key = prefix + name
         kwargs[name] = coerce(hints[name], value, key)
         check_bounds(fields[name], kwargs[name], key)
+        check_choice(fields[name], kwargs[name], key)
     return cls(**kwargs)
 
 
@@ -189,6 +189,13 @@ def check_bounds(field: dataclasses.Field, value: Any, key: str) -> None:
         bound = meta.get(name)
         if bound is not None and not holds(bound):
             raise ConfigError(f"{key}: {value!r} is out of range, must be {symbol} {bound}")
+
+
+def check_choice(field: dataclasses.Field, value: Any, key: str) -> None:
+    """A value that names a registry entry must name a registered one (None stays None where allowed)."""
+    registry = field.metadata.get("choices")
+    if registry is not None and value is not None and value not in registry:
+        raise ConfigError(f"{key}: {registry.unknown_name_message(value)}")
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

@@ -5,6 +5,8 @@ Leaf names follow verl where verl has one (`rollout.n`, `actor.ppo_mini_batch_si
 `actor_rollout_ref.` prefix. Counts of prompts and counts of responses are kept apart in the help texts:
 `data.train_batch_size` and `actor.ppo_mini_batch_size` count prompts, micro-batch sizes count rows
 (responses). Build a config with `asyncrl.config.load_config`; cross-field rules live in `invariants.py`.
+A key that names an algorithm (estimator, loss, KL estimator, aggregation, correction level) takes its valid
+names from that family's registry in `asyncrl.algos` (`choices=`), never from a list here.
 """
 
 from __future__ import annotations
@@ -12,11 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+from asyncrl.algos import ADVANTAGE_ESTIMATORS, CORRECTION_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 from asyncrl.config.fields import option, section
 
 Mode = Literal["sync", "one_step_off", "fully_async"]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-CorrectionLevel = Optional[Literal["token", "sequence", "geometric"]]
 DecodeAttention = Literal["auto", "triton", "cuda"]
 DecodeProducts = Literal["auto", "fused", "torch"]
 
@@ -110,8 +111,7 @@ class OptimConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: Literal["vanilla", "gspo", "cispo", "clip_cov", "kl_cov", "reinforce"] = option(
-        "vanilla", "policy loss: PPO clip (vanilla), GSPO, CISPO, clip-cov, kl-cov, or REINFORCE")
+    loss_mode: str = option("vanilla", "policy loss", choices=POLICY_LOSSES)
     clip_cov_ratio: float = option(2e-4, "clip_cov: fraction of tokens detached", ge=0.0, le=1.0)
     clip_cov_lb: float = option(1.0, "clip_cov: lower covariance bound")
     clip_cov_ub: float = option(5.0, "clip_cov: upper covariance bound")
@@ -131,12 +131,12 @@ class ActorConfig:
     clip_ratio_low: float = option(0.2, "PPO lower clip epsilon", ge=0.0)
     clip_ratio_high: float = option(0.2, "PPO upper clip epsilon", ge=0.0)
     clip_ratio_c: float = option(3.0, "dual-clip bound for negative advantages", gt=1.0)
-    loss_agg_mode: LossAggMode = option("token-mean", "how per-token losses reduce to a scalar")
+    loss_agg_mode: str = option("token-mean", "how per-token losses reduce to a scalar", choices=LOSS_AGG_MODES)
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, "policy loss choice and its knobs")
     entropy_coeff: float = option(0.0, "entropy bonus coefficient")
     use_kl_loss: bool = option(False, "add a KL(actor || ref) term to the loss")
     kl_loss_coef: float = option(0.001, "coefficient of the KL loss", ge=0.0)
-    kl_loss_type: str = option("low_var_kl", "KL estimator of the loss: k1, abs, k2, k3 (low_var_kl), or a '+' form")
+    kl_loss_type: str = option("low_var_kl", "KL estimator of the loss", choices=KL_ESTIMATORS)
     grad_clip: float = option(1.0, "global gradient-norm clip; <= 0 disables")
     cuda_graphs: bool = option(
         False, "one trainer rank: each update micro-batch packed at a fixed capacity and replayed from a CUDA "
@@ -152,13 +152,16 @@ class CriticOptimDefaults(OptimConfig):
 
 @dataclass
 class CriticConfig:
-    enable: Optional[bool] = option(None, "train a value model; null = only when adv_estimator is gae")
+    enable: Optional[bool] = option(
+        None, "train a value model; null = set when the config loads: true when the advantage estimator needs a "
+              "critic")
     model_path: str = option("", "folder to initialise the critic from; empty means model.path")
     ppo_mini_batch_size: int = option(16, "prompts per critic optimizer step", gt=0)
     ppo_micro_batch_size_per_gpu: int = option(16, "rows per critic forward/backward on one rank", gt=0)
     ppo_epochs: int = option(1, "critic passes over each training batch", gt=0)
     cliprange_value: float = option(0.5, "value clipping range around the old values", ge=0.0)
-    loss_agg_mode: LossAggMode = option("token-mean", "how per-token value losses reduce to a scalar")
+    loss_agg_mode: str = option("token-mean", "how per-token value losses reduce to a scalar",
+                                choices=LOSS_AGG_MODES)
     grad_clip: float = option(1.0, "global gradient-norm clip; <= 0 disables")
     optim: CriticOptimDefaults = section(CriticOptimDefaults, "critic optimizer")
 
@@ -183,24 +186,22 @@ class RolloutCorrectionConfig:
               "recomputes the proximal policy's log-probs (three policies)")
     loss_type: Literal["ppo_clip", "reinforce"] = option(
         "ppo_clip", "bypass mode only: PPO clip against the rollout policy, or importance-weighted REINFORCE")
-    rollout_is: CorrectionLevel = option(None, "importance-weight level (token, sequence, geometric); null = none")
+    rollout_is: Optional[str] = option(None, "importance-weight level; null = none", choices=CORRECTION_LEVELS)
     rollout_is_threshold: float = option(2.0, "upper truncation of the importance weights", gt=0.0)
     rollout_is_batch_normalize: bool = option(False, "divide the truncated weights by their batch mean")
-    rollout_rs: CorrectionLevel = option(None, "rejection level (token, sequence, geometric); null = none")
+    rollout_rs: Optional[str] = option(None, "rejection level; null = none", choices=CORRECTION_LEVELS)
     rollout_rs_threshold: Optional[float] = option(None, "reject when the ratio exceeds this", gt=0.0)
     rollout_rs_threshold_lower: Optional[float] = option(None, "reject when the ratio is below this", gt=0.0)
 
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = option(
-        "grpo", "advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_plus_plus, "
-                "reinforce_plus_plus_baseline, remax, opo, gpg")
+    adv_estimator: str = option("grpo", "advantage estimator", choices=ADVANTAGE_ESTIMATORS)
     gamma: float = option(1.0, "discount factor", ge=0.0, le=1.0)
     lam: float = option(1.0, "GAE lambda", ge=0.0, le=1.0)
     norm_adv_by_std_in_grpo: bool = option(True, "GRPO: divide by the group std (false = Dr.GRPO)")
     use_kl_in_reward: bool = option(False, "subtract a KL(old || ref) penalty from the token rewards")
-    kl_penalty: str = option("kl", "KL estimator of the reward penalty: k1, abs, k2, k3 (low_var_kl)")
+    kl_penalty: str = option("kl", "KL estimator of the reward penalty", choices=KL_ESTIMATORS)
     kl_ctrl: KLControlConfig = section(KLControlConfig, "KL-in-reward coefficient")
     rollout_correction: RolloutCorrectionConfig = section(
         RolloutCorrectionConfig, "off-policy correction between the rollout and the old/proximal policy")

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from asyncrl.algos import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS, needs_critic
+from asyncrl.algos import ADVANTAGE_ESTIMATORS
 
 from .helpers import append_padding, fill_padding, reference_whiten, valid_positions
 
@@ -213,18 +213,32 @@ def test_missing_inputs_raise_clear_errors():
         ADVANTAGE_ESTIMATORS["grpo"](rewards, MASK, GROUP_IDS[:3])
 
 
-def test_needs_critic_and_group_set():
-    assert needs_critic("gae") and not needs_critic("grpo") and not needs_critic("remax")
-    with pytest.raises(ValueError, match="unknown advantage estimator 'nope'; valid names: .*gae"):
-        needs_critic("nope")
-    assert GROUP_ESTIMATORS == {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"}
-    assert GROUP_ESTIMATORS <= set(ADVANTAGE_ESTIMATORS)
+def test_each_estimator_declares_what_it_needs():
+    def names(keep):
+        return {spec.name for spec in ADVANTAGE_ESTIMATORS.specs() if keep(spec)}
+    assert names(lambda spec: spec.needs_critic) == {"gae"}
+    assert names(lambda spec: spec.needs_groups) == {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo",
+                                                     "gpg"}
+    assert names(lambda spec: spec.needs_greedy_baseline) == {"remax"}
+    assert all(spec.summary for spec in ADVANTAGE_ESTIMATORS.specs())
+    with pytest.raises(ValueError, match=r"unknown advantage estimator 'nope'; did you mean 'opo'\? valid names: .*gae"):
+        ADVANTAGE_ESTIMATORS.spec("nope")
+
+
+def test_group_estimators_compare_within_groups_and_the_others_do_not():
+    """needs_groups is true to the function: only a group estimator's result changes when the groups do."""
+    rewards, values = make_inputs()
+    keywords = dict(values=values, reward_baselines=BASELINES)
+    for spec in ADVANTAGE_ESTIMATORS.specs():
+        grouped, _ = spec.fn(rewards, MASK, GROUP_IDS, **keywords)
+        one_group, _ = spec.fn(rewards, MASK, torch.zeros_like(GROUP_IDS), **keywords)
+        assert spec.needs_groups == (not torch.allclose(grouped, one_group)), spec.name
 
 
 def test_all_singletons_are_finite_and_zero():
     rewards, values = make_inputs()
     unique_ids = torch.arange(len(GROUP_IDS))
-    for name in GROUP_ESTIMATORS:
+    for name in (spec.name for spec in ADVANTAGE_ESTIMATORS.specs() if spec.needs_groups):
         advantages, returns = ADVANTAGE_ESTIMATORS[name](rewards, MASK, unique_ids)
         assert torch.isfinite(advantages).all() and torch.isfinite(returns).all()
         assert advantages.abs().max() < 1e-9, name

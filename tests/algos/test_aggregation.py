@@ -112,8 +112,8 @@ def test_local_counts_would_not_accumulate_correctly():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="valid modes: token-mean"):
-        aggregate_loss(LOSS, MASK, "token-sum-typo")
+    with pytest.raises(ValueError, match=r"unknown loss aggregation mode 'token_mean'; did you mean 'token-mean'\?"):
+        aggregate_loss(LOSS, MASK, "token_mean")
     with pytest.raises(ValueError, match=r"\(B, T\)"):
         aggregate_loss(LOSS[:, :2], MASK, "token-mean")
     with pytest.raises(ValueError, match="norm_length"):

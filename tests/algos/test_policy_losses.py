@@ -8,7 +8,6 @@ import torch
 
 from asyncrl.algos import LOSS_AGG_MODES, POLICY_LOSSES
 from asyncrl.algos.masked import metrics_to_floats
-from asyncrl.algos.registry import Registry
 
 from .helpers import append_padding, fill_padding, reference_aggregate, valid_positions
 
@@ -285,7 +284,7 @@ def meta_call(name: str, mode: str, counts: str):
 
 @pytest.mark.parametrize("counts", ["given", "local"])
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-@pytest.mark.parametrize("name", sorted(set(POLICY_LOSSES) - set(POLICY_LOSSES.host_reads)))
+@pytest.mark.parametrize("name", [spec.name for spec in POLICY_LOSSES.specs() if spec.host_read is None])
 def test_a_loss_call_never_waits_for_the_device(name, mode, counts):
     log_probs, loss, metrics = meta_call(name, mode, counts)
     (gradient,) = torch.autograd.grad(loss, log_probs)
@@ -296,13 +295,15 @@ def test_a_loss_call_never_waits_for_the_device(name, mode, counts):
     assert all(value == 0.0 for key, value in metrics.items() if key not in tensors)  # terms it does not have
 
 
-@pytest.mark.parametrize("name", sorted(POLICY_LOSSES.host_reads))
+@pytest.mark.parametrize("name", [spec.name for spec in POLICY_LOSSES.specs() if spec.host_read is not None])
 def test_the_losses_that_declare_a_host_read_do_read_the_host(name):
-    """The exemption stays true: a loss that stopped reading the host would leave `host_reads`."""
+    """The exemption stays true: a loss that stopped reading the host would drop its `host_read`."""
     with pytest.raises((RuntimeError, NotImplementedError), match="meta"):
         meta_call(name, "token-mean", "local")
 
 
-def test_a_host_read_must_name_a_registered_entry():
-    with pytest.raises(ValueError, match="host_reads names entries that are not registered: ppo"):
-        Registry("policy loss", dict(POLICY_LOSSES), host_reads={"ppo": "a typo of an entry's name"})
+def test_what_a_cuda_graph_may_capture_is_what_never_reads_the_host():
+    capturable = {spec.name for spec in POLICY_LOSSES.specs() if spec.capturable}
+    host_readers = {spec.name for spec in POLICY_LOSSES.specs() if spec.host_read is not None}
+    assert capturable == {"vanilla", "gspo", "cispo", "reinforce"}
+    assert host_readers == {"clip_cov", "kl_cov"}

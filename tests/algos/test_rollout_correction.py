@@ -159,9 +159,9 @@ def test_padding_never_changes_a_result(is_level, rs_level):
 
 
 def test_invalid_options_raise():
-    with pytest.raises(ValueError, match="valid levels"):
+    with pytest.raises(ValueError, match=r"is_level: unknown rollout-correction level 'seq'; did you mean 'sequence'\?"):
         compute_rollout_correction(OLD_LOG_PROBS, ROLLOUT_LOG_PROBS, MASK, is_level="seq")
-    with pytest.raises(ValueError, match="valid levels"):
+    with pytest.raises(ValueError, match="rs_level: unknown rollout-correction level 'seq_mean_k1'.* valid names: token"):
         compute_rollout_correction(OLD_LOG_PROBS, ROLLOUT_LOG_PROBS, MASK, rs_level="seq_mean_k1")
     with pytest.raises(ValueError, match="rs_threshold"):
         compute_rollout_correction(OLD_LOG_PROBS, ROLLOUT_LOG_PROBS, MASK, rs_level="token")
