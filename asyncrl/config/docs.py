@@ -52,11 +52,15 @@ VOCABULARY_INTRO = """Keys that name an algorithm take the names registered in `
 metadata, which config validation reads (a critic, groups of responses, a replayable loss). A new estimator
 or loss is one function of its family's signature plus one registration next to it, e.g.
 `@ADVANTAGE_ESTIMATORS.register("my_estimator", needs_groups=True, summary="...")`, from any module imported
-before the config is loaded; its name is then valid in a config. The tables below list what asyncrl ships."""
+before the config is loaded; its name is then valid in a config. An entry runs in the process that registered
+it: advantage estimators and the reward's KL run in the driver, so the launching script may register them;
+policy losses, aggregation modes and the loss's KL run in the trainer workers, which import only asyncrl.
+The tables below list what asyncrl ships."""
 
 
 def render_configuration_markdown() -> str:
-    """The whole reference as Markdown: a section list, then one table per (nested) section."""
+    """The whole reference as Markdown: a section list, then one table per (nested) section, then one table per
+    registry that a key chooses from."""
     sections = list(iter_sections(AsyncRLConfig(), prefix="", help_text=""))
     vocabularies = registries_of(sections)
     lines = [HEADER, "## Sections", ""]
