@@ -1,5 +1,6 @@
 """The generation engine: paged KV cache, continuous batching, batch-independent sampling with log-probs,
-abort / pause / resume, in-place weight updates, CUDA graphs and Triton kernels on GPU.
+abort / pause / resume, in-place weight updates; on GPU, CUDA graphs and CUDA / Triton kernels (`kernels/`, chosen
+once by `kernels/selection.py`).
 
     from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
     engine = LLMEngine(model_folder, EngineConfig(device="cpu"))

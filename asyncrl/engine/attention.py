@@ -6,8 +6,8 @@
 - CUDA prefill: every prefill row starts at position 0 (preemption recomputes, sharing happens inside
   one prefill), so attention needs only the new tokens: `dense_prefill_attention` pads them into
   (R, T_max) rows and runs causal SDPA (flash attention in bf16).
-- CUDA decode: a `DecodeKernel` (the CUDA C++ kernel of `cuda_decode`, or the Triton kernel of
-  `triton_kernels.paged_decode_attention`: `EngineConfig.decode_attention`) stores the new keys/values itself
+- CUDA decode: a `DecodeKernel` (the CUDA C++ kernel of `kernels/cuda_decode.py`, or the Triton kernel of
+  `kernels/triton_decode.py`: `EngineConfig.decode_attention`) stores the new keys/values itself
   and reads KV blocks through the block table without materialising padded KV.
 
 A "row" is one computed token sequence: in a prefill the leader of a group, in a decode one sequence.
@@ -25,8 +25,10 @@ from torch import Tensor
 from asyncrl.engine.kv_cache import KVCache
 from asyncrl.models.attention import causal_attention, varlen_causal_attention
 
+
 class DecodeKernel(Protocol):
-    """`triton_kernels.paged_decode_attention`'s calling convention, as the engine uses it."""
+    """The decode-attention kernels' calling convention (`kernels/triton_decode.py`, `kernels/cuda_decode.py`), as
+    the engine uses it."""
 
     def __call__(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                  context_lens: Tensor, num_splits: int, *, new_key: Tensor, new_value: Tensor,

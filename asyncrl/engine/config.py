@@ -40,16 +40,17 @@ class EngineConfig:
     # Launch the next decode before postprocessing the current one, overlapping host work with the device
     # (see `LLMEngine.step`); outputs are the same either way.
     async_scheduling: bool = True
-    # The CUDA decode-attention kernel: "cuda" (the CUDA C++ kernel of `cuda_decode`, built on first use; an error
-    # where it cannot be built), "triton" (`triton_kernels`), or "auto": "cuda" where it builds, else "triton" with a
-    # warning that says why. Calls the CUDA kernel does not cover (fp16/fp32, split contexts, and with "auto" block
-    # sizes that are not a power of two from 16) go to Triton either way.
+    # The CUDA decode-attention kernel: "cuda" (the CUDA C++ kernel of `kernels/cuda_decode.py`, built on first use;
+    # an error where it cannot be built), "triton" (`kernels/triton_decode.py`), or "auto": "cuda" where it builds,
+    # else "triton" with a warning that says why. Calls the CUDA kernel does not cover (fp16/fp32, split contexts,
+    # and with "auto" block sizes that are not a power of two from 16) go to Triton either way.
     # "auto" prefers the CUDA kernel: on an H200 its decode steps are 1-2% faster than the Triton kernel's on their
     # own, and the fused decode layers need it.
     decode_attention: str = "auto"
-    # The decode step's layers: "fused" (`fused_decode`: four fused CUDA products per layer around attention; Hopper,
-    # bf16 and the CUDA attention kernel only; an error where they cannot run), "torch" (the model's layers), or
-    # "auto": "fused" where they run, else "torch" with a warning that says why. CPU and fp32 runs use "torch".
+    # The decode step's layers: "fused" (`kernels/fused_decode.py`: four fused CUDA products per layer around
+    # attention; Hopper, bf16 and the CUDA attention kernel only; an error where they cannot run), "torch" (the
+    # model's layers), or "auto": "fused" where they run, else "torch" with a warning that says why. CPU and fp32
+    # runs use "torch".
     decode_products: str = "auto"
     device: str = "cpu"
     dtype: torch.dtype | None = None

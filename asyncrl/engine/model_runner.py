@@ -4,9 +4,9 @@ sequence's last token -> sampling on the device -> one small device-to-host copy
 `launch` queues all of it without waiting for the device (async scheduling builds and launches the next
 decode meanwhile); `StepOutput.wait` blocks until the sampled tokens are on the host. `run` does both.
 
-On CUDA the model runs in bf16 (by default), decode steps replay CUDA graphs (unless `enforce_eager`),
-decode attention and sampling use the Triton kernels, and the KV cache is sized by profiling; on CPU
-everything is eager torch in fp32.
+On CPU everything is eager torch in fp32. On CUDA the model runs in bf16 (by default), the KV cache is sized by
+profiling, and the kernels chosen once by `kernels/selection.py` run the hot spots: decode attention, sampling,
+the decode step's layers, and CUDA graphs that replay decode steps (unless `enforce_eager`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from asyncrl.engine.attention import AttentionMetadata, DecodeKernel, PagedAttention
+from asyncrl.engine.attention import AttentionMetadata
 from asyncrl.engine.config import EngineConfig
-from asyncrl.engine.cuda_graph import DecodeGraphs, decode_num_splits
-from asyncrl.engine import fused_decode
-from asyncrl.engine.fused_decode import FusedDecodeLayers
+from asyncrl.engine.kernels.selection import select_kernels
 from asyncrl.engine.kv_cache import (
     CUDA_GRAPH_RESERVE_BYTES,
     MIB,
@@ -32,7 +30,7 @@ from asyncrl.engine.kv_cache import (
     bytes_per_block,
     plan_gpu_kv_cache,
 )
-from asyncrl.engine.sampler import FusedSampleKernel, Sampler, SamplingInputs
+from asyncrl.engine.sampler import Sampler, SamplingInputs
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.step_inputs import (
     BlockTableCache,
@@ -42,98 +40,32 @@ from asyncrl.engine.step_inputs import (
     decode_graph_arrays,
 )
 from asyncrl.engine.step_output import StepOutput, start_download
-from asyncrl.models.attention import avoid_per_shape_attention_plans
-from asyncrl.models.compile import compile_decoder_layers, fuse_projections
+from asyncrl.models.compile import fuse_projections
 from asyncrl.models.transformer import CausalLM
 
 logger = logging.getLogger(__name__)
 
 
-def load_fused_layers(model: CausalLM, config: EngineConfig, decode_attention: str | None, max_rows: int,
-                      num_processors: int) -> FusedDecodeLayers | None:
-    """The fused decode layers `EngineConfig.decode_products` asks for, or None for the model's layers: "fused"
-    raises where they cannot run, "auto" logs why and runs the model's layers (also where their launches would
-    take more than one wave of the device's SMs, where they are slower)."""
-    if config.decode_products == "torch" or not config.is_cuda or config.model_dtype != torch.bfloat16:
-        return None
-    if config.decode_products == "auto":
-        reason = fused_decode.slower_reason(model.config, max_rows, num_processors)
-        if reason is not None:
-            logger.info("engine.decode_products='auto' runs the model's layers: %s", reason)
-            return None
-    try:
-        if decode_attention != "cuda":
-            raise RuntimeError(f"the fused decode layers need the CUDA decode-attention kernel, which is not "
-                               f"running ({decode_attention})")
-        return fused_decode.load_fused_decode_layers(model, max_rows)
-    except RuntimeError as error:
-        if config.decode_products == "fused":
-            raise
-        logger.warning("engine.decode_products='auto' runs the model's layers: %s", error)
-        return None
-
-
-def load_cuda_kernels(decode_attention: str) -> tuple[str, DecodeKernel, FusedSampleKernel]:
-    """The decode-attention kernel `EngineConfig.decode_attention` asks for (with the name of the one that
-    runs, "cuda" or "triton"), and the fused sampler (ours in CUDA, or Triton's where it cannot be built)."""
-    # Imported here, not at the top: triton ships with CUDA installs only.
-    from asyncrl.engine import cuda_decode, cuda_sampler, triton_kernels, triton_sampler
-    name, decode_kernel = "triton", triton_kernels.paged_decode_attention
-    if decode_attention != "triton":
-        try:
-            name, decode_kernel = "cuda", cuda_decode.load_decode_kernel()
-        except RuntimeError as error:
-            if decode_attention == "cuda":
-                raise
-            logger.warning("engine.decode_attention='auto' uses the Triton kernel: %s", error)
-    try:
-        sample_kernel = cuda_sampler.load_sample_kernel()
-    except RuntimeError as error:
-        logger.warning("the engine samples with the Triton kernel: %s", error)
-        sample_kernel = triton_sampler.fused_sample
-    return name, decode_kernel, sample_kernel
-
-
 class ModelRunner:
-    """Owns the model, the KV cache, the sampler and (on CUDA) the decode graphs."""
+    """Owns the model, the KV cache, the sampler and the kernels chosen for the device (`runner.kernels`)."""
 
     def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int) -> None:
-        self.model = model.eval()
-        if config.is_cuda:
-            avoid_per_shape_attention_plans()  # every prefill has a new (rows, length) shape
-        fuse_projections(model.model)
-        if config.use_compile:
-            compile_decoder_layers(model)
         self.config = config
         self.device = config.torch_device
         self.max_model_len = max_model_len
         self.block_size = config.block_size
-        # The decode-attention kernel that runs ("cuda" or "triton"; None on CPU, where the torch path does).
-        self.decode_attention: str | None = None
-        decode_kernel, sample_kernel = None, None
-        if config.is_cuda:
-            self.decode_attention, decode_kernel, sample_kernel = load_cuda_kernels(config.decode_attention)
-        self.decode_kernel = decode_kernel
-        # The CUDA kernel rotates q and the new key itself (one kernel per decode layer fewer); Triton's does not.
-        self.rotary_in_decode_kernel = self.decode_attention == "cuda"
-        # Decode steps' layers as fused products (None: the model's layers run them). Built before the KV cache is
-        # sized, so the profile counts the folded weight copies.
-        self.num_processors = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                               if config.is_cuda else 1)
-        self.fused_layers = load_fused_layers(model, config, self.decode_attention, config.max_num_seqs,
-                                              self.num_processors)
-        self.sampler = Sampler(sample_kernel)
+        self.model = model.eval()
+        fuse_projections(model.model)  # one q/k/v and one gate/up product per layer
+        # Chosen before the KV cache is sized: its profile counts the fused decode layers' folded weight copies.
+        self.kernels = select_kernels(model, config)
+        self.sampler = Sampler(self.kernels.sample_kernel)
         self.memory_plan: GpuMemoryPlan | None = None
         self.kv_cache = KVCache(model.config, self._plan_num_blocks(), self.block_size, config.model_dtype,
                                 self.device)
         self.block_tables_cache = BlockTableCache(self.kv_cache.sink_block)
         self.sampling_cache = SamplingArrayCache()
-        self.graphs: DecodeGraphs | None = None
-        if config.use_cuda_graphs:
-            max_blocks = -(-max_model_len // self.block_size)
-            self.graphs = DecodeGraphs(self.model, self.kv_cache, decode_kernel, self.sampler, config.max_num_seqs,
-                                       max_blocks, self.num_processors, self.rotary_in_decode_kernel,
-                                       self.fused_layers)
+        self.graphs = self.kernels.decode_graphs(self.model, self.kv_cache, self.sampler, config.max_num_seqs,
+                                                 max_model_len)
 
     def device_guard(self) -> contextlib.AbstractContextManager:
         """Makes the engine's GPU current: `AsyncEngine` steps in pool threads, whose current device is 0."""
@@ -153,9 +85,9 @@ class ModelRunner:
                                                      self.sampling_cache)
                 return self.graphs.launch(arrays, tables, self.sampling_cache.max_top_k,
                                           self.sampling_cache.use_top_p)
+            num_splits = self.kernels.num_splits(batch.num_sequences, self.kv_cache.num_kv_heads)
             inputs = build_step_inputs(batch, self.block_size, self.block_tables_cache, self.sampling_cache,
-                                       self.device, self._num_splits(batch),
-                                       previous.token_ids if previous is not None else None)
+                                       self.device, num_splits, previous.token_ids if previous is not None else None)
             hidden = self._forward(inputs)  # (S, hidden) at each sequence's last token
             # In the model dtype: the fused sampler widens bf16 in registers (a float32 copy of (S, V) logits
             # would cost more than the sampling itself); the torch paths widen first.
@@ -163,24 +95,17 @@ class ModelRunner:
             token_ids, log_probs = self.sampler(logits, inputs.sampling)
             return start_download(token_ids, log_probs)
 
-    def _num_splits(self, batch: ScheduledBatch) -> int:
-        return decode_num_splits(batch.num_sequences, self.kv_cache.num_kv_heads, self.num_processors)
-
     def _forward(self, inputs: StepInputs) -> Tensor:
-        fused = self.fused_layers is not None and inputs.attention.is_decode
-        attention = PagedAttention(self.kv_cache, inputs.attention, self.decode_kernel, self.rotary_in_decode_kernel,
-                                   programmatic_decode=fused)
-        if fused:
-            hidden = self.fused_layers.forward(inputs.input_ids, inputs.positions, attention)
-        else:
-            hidden = self.model(inputs.input_ids, inputs.positions, attention)  # (N, hidden)
+        attention = self.kernels.attention(self.kv_cache, inputs.attention)
+        layers = self.kernels.decode_layers(self.model) if inputs.is_decode else self.model
+        hidden = layers(inputs.input_ids, inputs.positions, attention)  # (N, hidden)
         return hidden[inputs.last_token_indices]
 
     def weights_updated(self) -> None:
         """Called after the model's weights were written in place: refreshes what is derived from them."""
-        if self.fused_layers is not None:
+        if self.kernels.fused_layers is not None:
             with self.device_guard():
-                self.fused_layers.refresh_weights()
+                self.kernels.fused_layers.refresh_weights()
 
     @torch.inference_mode()
     def warm_up(self) -> None:
@@ -225,8 +150,8 @@ class ModelRunner:
         torch.cuda.reset_peak_memory_stats(self.device)
         tensors = itertools.chain(self.model.parameters(), self.model.buffers())
         weight_bytes = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
-        if self.fused_layers is not None:  # the folded weight copies count as weights
-            weight_bytes += self.fused_layers.num_bytes
+        if self.kernels.fused_layers is not None:  # the folded weight copies count as weights
+            weight_bytes += self.kernels.fused_layers.num_bytes
         allocated_before = torch.cuda.memory_allocated(self.device)
         self._profile_step()
         torch.cuda.synchronize(self.device)
@@ -258,7 +183,7 @@ class ModelRunner:
         scratch_cache = KVCache(self.model.config, 1, self.block_size, self.config.model_dtype, device)
         positions = torch.cat([torch.arange(length, device=device) for length in lengths])
         input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
-        hidden = self.model(input_ids, positions, PagedAttention(scratch_cache, metadata, self.decode_kernel))
+        hidden = self.model(input_ids, positions, self.kernels.attention(scratch_cache, metadata))
         num_rows = min(self.config.max_num_seqs, num_tokens)
         logits = self.model.compute_logits(hidden[:num_rows])
         ones = torch.ones(num_rows, device=device)

@@ -193,7 +193,7 @@ def _decode_arrays(batch: ScheduledBatch, block_size: int, block_tables_cache: B
 
 def decode_graph_arrays(batch: ScheduledBatch, block_size: int, block_tables_cache: BlockTableCache,
                         sampling_cache: SamplingArrayCache) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """A decode's host arrays as the CUDA-graph path stages them (`decode_staging.FIELDS` but thresholds,
+    """A decode's host arrays as the CUDA-graph path stages them (`kernels/decode_staging.FIELDS` but thresholds,
     each (S,)) and its block tables (S, W) int32."""
     arrays = _decode_arrays(batch, block_size, block_tables_cache)
     sampling = sampling_cache.build(batch.sequences, arrays["positions"] + 1)

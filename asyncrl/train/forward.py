@@ -3,25 +3,22 @@
 The token at input position p is predicted by the hidden state at p - 1, so response column j of row i
 is read at position `prompt_lengths[i] + j - 1`. Log-probs use `log_softmax(logits / temperature)`, the
 very distribution the engine samples from and reports. Only the valid response tokens (response_mask > 0) go
-through the LM head, a chunk of tokens at a time (`lm_head.py`), so (B, R, V) logits never exist.
+through the LM head, a chunk of tokens at a time (`lm_head.py`), so (B, R, V) logits never exist. The graphed
+update's forward over packed micro-batches is `fast/packed_forward.py`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from asyncrl.models import CausalLM, FixedCapacityPackedAttention, ValueModel
-from asyncrl.models.layers import MLPGradients
+from asyncrl.models import CausalLM, ValueModel
 from asyncrl.train.batch import TrainBatch, move_tensor
-from asyncrl.train.embedding_lookup import embedding_rows
+from asyncrl.train.fast.selection import lm_head_kernels
 from asyncrl.train.lm_head import token_log_probs_and_entropy
 from asyncrl.train.micro_batches import micro_batches, scatter_rows
-from asyncrl.train.packed_batch import PackedMicroBatch, scatter_to_grid
 
 
 def dense_positions(input_ids: Tensor) -> Tensor:
@@ -46,11 +43,6 @@ def with_token_index(micro: TrainBatch, device: torch.device) -> tuple[TrainBatc
     return micro.to(device), move_tensor(response_token_index(micro.response_mask), device)
 
 
-def fused_head(model: CausalLM, hidden: Tensor) -> bool:
-    """The LM head's softmax math in Triton kernels: the GPU fast path, on with the compiled layers."""
-    return model.is_compiled and hidden.is_cuda
-
-
 def response_log_probs(model: CausalLM, batch: TrainBatch, temperature: float, with_entropy: bool,
                        token_index: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
     """log-probs (B, R) of the response tokens (0 in padding columns) and, if asked, entropies (B, R).
@@ -62,48 +54,12 @@ def response_log_probs(model: CausalLM, batch: TrainBatch, temperature: float, w
     positions = predictor_positions(batch)[rows, columns]  # (N,)
     token_log_probs, token_entropy = token_log_probs_and_entropy(
         hidden[rows, positions], model.lm_head.weight, batch.response_ids()[rows, columns], temperature,
-        with_entropy, fused=fused_head(model, hidden))  # (N,) each
+        with_entropy, fused_kernels=lm_head_kernels(model, hidden.device))  # (N,) each
     shape = batch.response_mask.shape
     log_probs = token_log_probs.new_zeros(shape).index_put((rows, columns), token_log_probs)
     if token_entropy is None:
         return log_probs, None
     return log_probs, token_entropy.new_zeros(shape).index_put((rows, columns), token_entropy)
-
-
-@dataclass(frozen=True)
-class GradientTargets:
-    """Float32 tensors that a packed step's backward adds weight gradients into, instead of returning them to
-    autograd (`actor.cuda_graphs`: the fp32 masters' `.grad`, so no bf16 gradient is written, read back and
-    accumulated); None: returned as usual. A tied LM head and embedding share one tensor."""
-    lm_head: Optional[Tensor] = None
-    embedding: Optional[Tensor] = None
-    mlp: Optional[list[Optional[MLPGradients]]] = None  # per layer: gate, up and down projections
-
-    @classmethod
-    def of(cls, model: CausalLM, gradient_of: Callable[[Tensor], Optional[Tensor]]) -> GradientTargets:
-        """The targets of every weight that has one: `gradient_of(weight)` (None: this weight has none)."""
-        def mlp_targets(mlp) -> Optional[MLPGradients]:
-            targets = [gradient_of(linear.weight) for linear in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
-            return None if any(target is None for target in targets) else MLPGradients(*targets)
-        return cls(lm_head=gradient_of(model.lm_head.weight), embedding=gradient_of(model.model.embed_tokens.weight),
-                   mlp=[mlp_targets(layer.mlp) for layer in model.model.layers])
-
-
-def packed_response_log_probs(model: CausalLM, packed: PackedMicroBatch, temperature: float,
-                              targets: GradientTargets = GradientTargets()) -> tuple[Tensor, Tensor]:
-    """log-probs and entropies (rows, R) of a fixed-capacity packed micro-batch (`packed_batch.py`), 0 where no
-    token trains: the values `response_log_probs` gives for the same rows, from static shapes only. `targets`:
-    where backward adds weight gradients in fp32 instead of returning them (`token_log_probs_and_entropy`,
-    `embedding_rows`, `SwiGLU.forward`)."""
-    attention = FixedCapacityPackedAttention(packed.starts, packed.positions, max_length=packed.num_tokens)
-    embeddings = None if targets.embedding is None else embedding_rows(
-        model.model.embed_tokens.weight, packed.input_ids, targets.embedding)  # (N, H)
-    hidden = model(packed.input_ids, packed.positions, attention=attention, inputs_embeds=embeddings,
-                   mlp_grads_into=targets.mlp)  # (N, H)
-    token_log_probs, token_entropy = token_log_probs_and_entropy(
-        hidden.index_select(0, packed.predictor_index), model.lm_head.weight, packed.target_ids, temperature,
-        with_entropy=True, fused=fused_head(model, hidden), weight_grad_into=targets.lm_head)  # (M,) each
-    return scatter_to_grid(token_log_probs, packed), scatter_to_grid(token_entropy, packed)
 
 
 def response_values(model: ValueModel, batch: TrainBatch) -> Tensor:

@@ -8,8 +8,9 @@ the largest tensors of a training step, and autograd would keep them all for bac
 `chunk_size` tokens has softmax intermediates at a time, and backward works from the forward's logsumexp. It
 recomputes each chunk's logits (one more LM-head matmul), except on the fused path when the step's logits fit in
 `STORED_LOGITS_BYTES`: those are kept from forward instead. Matmuls run in the input dtype (bf16 on GPU, as
-`CausalLM.compute_logits`), the softmax math in float32 (float64 for float64 input). On CUDA (`fused`) the
-softmax math is two Triton kernels of one pass over the chunk's logits each (`triton_lm_head.py`).
+`CausalLM.compute_logits`), the softmax math in float32 (float64 for float64 input): torch's here
+(`chunk_statistics`, `chunk_grad_logits`), or on the fused path `FusedChunkKernels` of the same math (on CUDA two
+Triton kernels of one pass over the chunk's logits each, `fast/triton_lm_head.py`, chosen by `fast/selection.py`).
 
 Math, per token, with z = W h / T, p = softmax(z), log p = z - lse(z), and the incoming gradients g_lp, g_H:
     log p_y = z_y - lse(z)                       d log p_y / dz = onehot(y) - p
@@ -20,6 +21,8 @@ Math, per token, with z = W h / T, p = softmax(z), log p = z - lse(z), and the i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -34,9 +37,18 @@ from asyncrl.models.linear_into import accumulate_matmul
 # path also holds the float32 weight-gradient accumulator.
 LOGITS_CHUNK_BYTES = 512 * 2**20
 # The fused path keeps a step's logits from forward to backward when they fit in this many bytes (Qwen2's
-# vocabulary: 7,067 bf16 tokens), instead of recomputing each chunk's in backward: that LM-head matmul was ~0.44 ms
+# vocabulary: 7,067 bf16 tokens), instead of recomputing each chunk's in backward: that LM-head matmul takes ~0.44 ms
 # per 1,195-token chunk on an H200, 10 ms of a 0.29 s 0.5B update. Its gradient is then written over them.
 STORED_LOGITS_BYTES = 2 * 2**30
+
+
+@dataclass(frozen=True)
+class FusedChunkKernels:
+    """`chunk_statistics` and `chunk_grad_logits` as kernels of the same arguments that read a chunk's logits in
+    their own dtype, once each; `gradient` writes dL/dlogits over the logits and returns them."""
+
+    statistics: Callable[[Tensor, Tensor, float, bool], tuple[Tensor, Optional[Tensor], Tensor]]
+    gradient: Callable[[Tensor, Tensor, Tensor, Tensor, Optional[Tensor], Optional[Tensor], float], Tensor]
 
 
 def chunk_size_for_budget(vocab_size: int, budget_bytes: int = LOGITS_CHUNK_BYTES, item_size: int = 4) -> int:
@@ -54,15 +66,15 @@ def even_chunks(num_tokens: int, chunk_size: int) -> list[tuple[int, int]]:
 
 
 def token_log_probs_and_entropy(hidden: Tensor, weight: Tensor, target_ids: Tensor, temperature: float,
-                                with_entropy: bool, chunk_size: Optional[int] = None, fused: bool = False,
+                                with_entropy: bool, chunk_size: Optional[int] = None,
+                                fused_kernels: Optional[FusedChunkKernels] = None,
                                 weight_grad_into: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
     """log softmax(W h / T)[y] (N,) and, if asked, the entropy of softmax(W h / T) (N,); both differentiable.
 
     hidden (N, H) and weight (V, H) share a dtype; target_ids (N,) int64. Outputs are float32 (float64 for
-    float64 input). `chunk_size` None picks it from `LOGITS_CHUNK_BYTES`. `fused` runs each chunk's softmax
-    math in the Triton kernels of `triton_lm_head.py` (CUDA, or Triton's interpreter; not float64), and keeps the
-    logits for backward when a gradient will be taken and they fit in `STORED_LOGITS_BYTES`; then `chunk_size`
-    None makes all tokens one chunk.
+    float64 input). `chunk_size` None picks it from `LOGITS_CHUNK_BYTES`. `fused_kernels` run each chunk's softmax
+    math (not in float64), and the logits are kept for backward when a gradient will be taken and they fit in
+    `STORED_LOGITS_BYTES`; then `chunk_size` None makes all tokens one chunk.
 
     `weight_grad_into` (a float32 tensor of the weight's shape, e.g. the fp32 master's gradient) makes backward add
     the weight's gradient into it, summed in fp32, and give the weight none: no (V, H) gradient is allocated,
@@ -77,8 +89,9 @@ def token_log_probs_and_entropy(hidden: Tensor, weight: Tensor, target_ids: Tens
         raise ValueError(f"hidden and weight must share a dtype, got {hidden.dtype} and {weight.dtype}")
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
+    fused = fused_kernels is not None
     if fused and hidden.dtype == torch.float64:
-        raise ValueError("the fused LM-head kernels compute in float32; float64 needs fused=False")
+        raise ValueError("the fused LM-head kernels compute in float32; float64 needs fused_kernels=None")
     if weight_grad_into is not None and (weight_grad_into.shape != weight.shape
                                          or weight_grad_into.dtype != _softmax_dtype(weight.dtype)):
         raise ValueError(f"weight_grad_into must be {_softmax_dtype(weight.dtype)} of shape {tuple(weight.shape)}, "
@@ -95,7 +108,7 @@ def token_log_probs_and_entropy(hidden: Tensor, weight: Tensor, target_ids: Tens
     elif chunk_size is None:
         chunk_size = chunk_size_for_budget(weight.shape[0], item_size=hidden.element_size() if fused else 4)
     outputs = ChunkedLogProbEntropy.apply(hidden, weight, target_ids, float(temperature), chunk_size, with_entropy,
-                                          fused, store_logits, weight_grad_into)
+                                          fused_kernels, store_logits, weight_grad_into)
     return (outputs[0], outputs[1]) if with_entropy else (outputs, None)
 
 
@@ -104,7 +117,8 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target_ids: Tensor, temperature: float, chunk_size: int,
-                with_entropy: bool, fused: bool, store_logits: bool, weight_grad_into: Optional[Tensor]):
+                with_entropy: bool, fused_kernels: Optional[FusedChunkKernels], store_logits: bool,
+                weight_grad_into: Optional[Tensor]):
         num_tokens = hidden.shape[0]
         softmax_dtype = _softmax_dtype(hidden.dtype)
         log_probs = torch.empty(num_tokens, dtype=softmax_dtype, device=hidden.device)
@@ -113,7 +127,7 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
         # (N, V) in the input dtype, kept for backward; else each chunk's logits are recomputed there.
         stored = torch.empty(num_tokens, weight.shape[0], dtype=hidden.dtype,
                              device=hidden.device) if store_logits else None
-        statistics = _fused_kernels()[0] if fused else chunk_statistics
+        statistics = chunk_statistics if fused_kernels is None else fused_kernels.statistics
         for start, end in even_chunks(num_tokens, chunk_size):
             logits = torch.mm(hidden[start:end], weight.t(),
                               out=None if stored is None else stored[start:end])  # (c, V) in the input dtype
@@ -126,7 +140,7 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
-        ctx.fused = fused
+        ctx.fused_kernels = fused_kernels
         ctx.weight_grad_into = weight_grad_into  # not saved: backward adds into it in place
         ctx.save_for_backward(hidden, weight, target_ids, lse, entropy, stored)
         return (log_probs, entropy) if with_entropy else log_probs
@@ -148,7 +162,7 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
             grad_weight = torch.zeros(weight.shape, dtype=_softmax_dtype(weight.dtype), device=weight.device)
         else:
             grad_weight = None
-        gradient = _fused_kernels()[1] if ctx.fused else chunk_grad_logits
+        gradient = chunk_grad_logits if ctx.fused_kernels is None else ctx.fused_kernels.gradient
         for start, end in even_chunks(num_tokens, ctx.chunk_size):
             chunk_hidden = hidden[start:end]
             # (c, V): the forward's, or recomputed (the same matmul, so the same values)
@@ -206,9 +220,3 @@ def chunk_grad_logits(logits: Tensor, target_ids: Tensor, lse: Tensor, grad_log_
         probs = log_probs.exp()
         grad = log_probs.mul_(-(grad_entropy / temperature)[:, None]).add_(offset).mul_(probs)
     return grad.scatter_add_(1, target_ids[:, None], scaled_grad_log_probs).to(logits.dtype)
-
-
-def _fused_kernels():
-    """(statistics, gradient) of `triton_lm_head.py`, imported on first use: CPU installs may lack triton."""
-    from asyncrl.train.triton_lm_head import fused_chunk_grad_logits_, fused_chunk_statistics
-    return fused_chunk_statistics, fused_chunk_grad_logits_

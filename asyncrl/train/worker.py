@@ -25,9 +25,8 @@ from asyncrl.models import (CausalLM, avoid_per_shape_attention_plans, compile_d
 from asyncrl.train.actor import PolicyTrainer
 from asyncrl.train.batch import TrainBatch
 from asyncrl.train.checkpoint import Component, load_trainer_state, save_trainer_state
-from asyncrl.train.compute_weights import ComputeWeights
-from asyncrl.train.flat_adamw import FlatAdamW
 from asyncrl.train.critic import CriticTrainer
+from asyncrl.train.fast.selection import fast_update
 from asyncrl.train.forward import batched_log_probs
 from asyncrl.train.optim import build_optimizer, build_scheduler
 from asyncrl.train.parallel import init_process_group, iter_full_tensors, iter_unit_tensors, is_unsharded, rank, shard_model
@@ -74,17 +73,14 @@ class TrainerWorker:
         self.persistent_sync_tensors: Optional[list[tuple[str, Tensor]]] = None
 
     def build_actor(self, total_steps: int) -> PolicyTrainer:
-        # actor.cuda_graphs (one rank, checked with the config): no FSDP, whose gathered copies move every step;
-        # fixed-address compute copies instead, so the update's micro-batch step can be replayed from graphs.
-        graphed = self.config.actor.cuda_graphs
-        model = self.load(self.config.model.path, "causal_lm", shard=not graphed)
-        compute_weights = ComputeWeights(model, self.param_dtype,
-                                         compile_accumulation=model.is_compiled) if graphed else None
-        optimizer = build_optimizer(model, self.config.actor.optim) if compute_weights is None \
-            else FlatAdamW(compute_weights, self.config.actor.optim)
-        return PolicyTrainer(model, optimizer, build_scheduler(optimizer, self.config.actor.optim, total_steps),
-                             self.device, self.config.trainer.max_consecutive_nonfinite,
-                             compute_weights=compute_weights)
+        # actor.cuda_graphs (one rank, checked with the config): no FSDP, whose gathered copies move every step; the
+        # fast update keeps fixed-address compute copies instead, so its micro-batch step can be replayed from graphs.
+        actor = self.config.actor
+        model = self.load(self.config.model.path, "causal_lm", shard=not actor.cuda_graphs)
+        update = fast_update(model, actor, self.param_dtype, self.device)
+        optimizer = build_optimizer(model, actor.optim) if update is None else update.optimizer
+        return PolicyTrainer(model, optimizer, build_scheduler(optimizer, actor.optim, total_steps), self.device,
+                             self.config.trainer.max_consecutive_nonfinite, fast_update=update)
 
     def build_reference(self) -> CausalLM:
         model = self.load(self.config.model.path, "causal_lm")
@@ -98,8 +94,8 @@ class TrainerWorker:
                              self.device, self.config.trainer.max_consecutive_nonfinite)
 
     def load(self, folder: str, kind: str, shard: bool = True) -> torch.nn.Module:
-        # Master weights stay fp32; FSDP's mixed-precision policy (or `ComputeWeights`) casts them to the compute
-        # dtype.
+        # Master weights stay fp32; FSDP's mixed-precision policy (or the fast update's compute copies) casts them to
+        # the compute dtype.
         model = load_model(folder, dtype=torch.float32, device=self.device, kind=kind)
         model.set_gradient_checkpointing(self.config.model.gradient_checkpointing)
         if self.config.model.compile and self.device.type == "cuda":

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.engine import EngineConfig, GenerationRequest, GenerationResult, LLMEngine, SamplingParams
-from asyncrl.engine.cuda_graph import DecodeGraphs
+from asyncrl.engine.kernels.cuda_graph import DecodeGraphs
 from asyncrl.engine.sampler import row_keys
 from asyncrl.models import CausalLM
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from asyncrl.models import PackedCausalAttention, compile_decoder_layers, load_model
 from asyncrl.models.layers import MLPGradients
 from asyncrl.models.linear_into import linear_into
-from asyncrl.train.compute_weights import carve
+from asyncrl.train.fast.compute_weights import carve
 
 
 @pytest.mark.parametrize("backend", [None, "aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(

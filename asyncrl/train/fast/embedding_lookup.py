@@ -4,9 +4,9 @@
     ...backward()                                                        # master.grad[input_ids] += dL/dhidden
 
 Why. Autograd's gradient of an embedding lookup is a (V, H) tensor of the weight's dtype: zeros everywhere but
-the looked-up rows. For Qwen2's 151,936 x 896 vocabulary the trainer's graphed step zeroed that bf16 tensor,
-added the rows into it and then added all of it into the fp32 master, per micro-batch: three passes over a
-(V, H) tensor to deliver N rows. Here backward adds the N rows (in fp32) into `grad_into` and gives the weight
+the looked-up rows. For Qwen2's 151,936 x 896 vocabulary a graphed step would zero that bf16 tensor, add the
+rows into it and then add all of it into the fp32 master, per micro-batch: three passes over a (V, H) tensor to
+deliver N rows. Here backward adds the N rows (in fp32) into `grad_into` and gives the weight
 no gradient. Rows of repeated ids add in any order (atomic adds on CUDA): equal up to float rounding.
 """
 

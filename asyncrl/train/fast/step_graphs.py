@@ -5,8 +5,8 @@
                                               # spec: constants baked into the graph, so part of the key
 
 Why. A 0.5B model's 4,096-token micro-batch is ~3,500 kernels forward and backward; queuing them from Python
-(autograd, compiled-graph wrappers, hooks) took longer than the GPU took to run them, so the update was
-host-bound at ~15% MFU. A replayed graph queues them all in one call.
+(autograd, compiled-graph wrappers, hooks) takes longer than the GPU takes to run them, which leaves the update
+host-bound at ~15% MFU on an H200. A replayed graph queues them all in one call.
 
 The first micro-batch of a key runs `step` eagerly (it is that micro-batch's real work, and it warms up
 compilation, autotuning and cuBLAS workspaces) and then captures it; capture runs nothing, so no gradient is
@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from asyncrl.train.packed_batch import PackedBuffers, PackedMicroBatch
+from asyncrl.train.fast.packed_batch import PackedBuffers, PackedMicroBatch
 
 Outputs = TypeVar("Outputs")
 logger = logging.getLogger(__name__)

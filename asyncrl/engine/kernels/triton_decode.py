@@ -1,9 +1,9 @@
-"""Triton kernels of the CUDA path: paged decode attention (the fused Gumbel-max sampler is in
+"""The Triton paged decode-attention kernel of the CUDA path (the fused Gumbel-max sampler is in
 `triton_sampler.py`).
 
-Imported only when the engine runs on CUDA (CPU-only installs may lack triton). The kernels run under
-Triton's interpreter on CPU (`TRITON_INTERPRET=1`), which is how `tests/engine/test_triton_kernels.py`
-checks them against the torch paths without a GPU.
+Imported only when the engine runs on CUDA (CPU-only installs may lack triton). It runs under Triton's
+interpreter on CPU (`TRITON_INTERPRET=1`), which is how `tests/engine/kernels/test_triton_kernels.py` checks it
+against the torch paths without a GPU.
 
 Paged decode: one program per (sequence, kv head, context split). It loads the GQA group's query heads
 (padded to 16 rows for `tl.dot`), walks its share of the context in tiles of `TILE` positions, gathers

@@ -13,12 +13,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from asyncrl.config import ConfigError, load_config
 from asyncrl.models import build_tiny_model, load_model
 from asyncrl.train import PolicyUpdateSpec, TrainerWorker
-from asyncrl.train.compute_weights import ComputeWeights
-from asyncrl.train.forward import dense_positions, packed_response_log_probs, response_log_probs
-from asyncrl.train.packed_batch import PackCapacity, PackedBuffers, pack_micro_batch
+from asyncrl.train.fast.compute_weights import ComputeWeights
+from asyncrl.train.fast.packed_batch import PackCapacity, PackedBuffers, pack_micro_batch
+from asyncrl.train.fast.packed_forward import packed_response_log_probs
+from asyncrl.train.forward import dense_positions, response_log_probs
 
-from .helpers import make_batch, run_in_processes, trainer_config
-from .test_trainer_worker import train_shard
+from ..helpers import make_batch, run_in_processes, trainer_config
+from ..test_trainer_worker import train_shard
 
 
 @pytest.fixture(scope="module")
@@ -227,11 +228,11 @@ def cuda_updates(rank, world_size, port, model_path, mode):
         "data.max_response_length=8", f"actor.cuda_graphs={str(mode != 'fsdp').lower()}"])
     worker = TrainerWorker(config, rank, world_size, "127.0.0.1", port, total_training_steps=10)
     if mode == "packed":
-        worker.actor.step_graphs.capture = False
+        worker.actor.fast_update.graphs.capture = False
     batch = make_batch()
     spec = PolicyUpdateSpec.from_config(config, batch.num_rows, step=0)
     metrics = [worker.update_actor(batch, spec) for _ in range(2)]
-    num_graphs = 0 if mode == "fsdp" else worker.actor.step_graphs.num_graphs
+    num_graphs = 0 if mode == "fsdp" else worker.actor.fast_update.graphs.num_graphs
     return worker.policy_state_numpy(), metrics, num_graphs
 
 
@@ -273,10 +274,11 @@ def logged_packed_step(rank, world_size, port, model_path, loss_mode):
     micro = holed_batch()
     micro = micro.replace(ref_log_probs=micro.old_log_probs - 0.1)
     packed = pack_micro_batch(micro, PackCapacity.covering(micro, token_budget=None), 40.0, 11.0)
+    update = worker.actor.fast_update
     log = OperationLog()
     with log:
-        metrics = worker.actor.packed_step(packed, PolicyUpdateSpec.from_config(config, micro.num_rows, step=0))
-    has_gradients = all(bool(master.grad.abs().sum() > 0) for master in worker.actor.compute_weights.trainable_masters)
+        metrics = update.packed_step(packed, PolicyUpdateSpec.from_config(config, micro.num_rows, step=0))
+    has_gradients = all(bool(master.grad.abs().sum() > 0) for master in update.weights.trainable_masters)
     return log.names, sorted(metrics.additive), has_gradients
 
 

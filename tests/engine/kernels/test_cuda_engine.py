@@ -1,7 +1,7 @@
 """The CUDA path end to end (skipped without a GPU): memory planning, graphs and eager against the CPU fp32
 engine and (bf16) against a dense forward, weight updates under graphs, sleep / wake recapture.
 
-    python -m pytest tests/engine/test_cuda_engine.py -q
+    python -m pytest tests/engine/kernels/test_cuda_engine.py -q
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingP
 from asyncrl.engine.attention import AttentionMetadata, dense_prefill_attention
 from asyncrl.models import build_tiny_model, iter_named_tensors, load_model
 
-from .helpers import make_engine, prompt
+from ..helpers import make_engine, prompt
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.engine.decode_staging import DecodeStaging
+from asyncrl.engine.kernels.decode_staging import DecodeStaging
 
 
 def step_arrays(num_rows: int, seed: int) -> dict[str, np.ndarray]:

@@ -1,7 +1,8 @@
 """The fused Gumbel-max sampler in Triton: one pass over the logits per (row, vocabulary split), then a merge.
 On CUDA it is the fallback of our CUDA kernel (`cuda_sampler.py`), which runs the same race in fewer
 instructions, where that cannot be built or does not cover the logits. Imported only when the engine runs on
-CUDA; runs under Triton's interpreter on CPU (`TRITON_INTERPRET=1`, `tests/engine/test_triton_kernels.py`)."""
+CUDA; runs under Triton's interpreter on CPU (`TRITON_INTERPRET=1`,
+`tests/engine/kernels/test_triton_kernels.py`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 from torch import Tensor
 
-from asyncrl.engine.triton_kernels import NEGATIVE_LARGE
+from asyncrl.engine.kernels.triton_decode import NEGATIVE_LARGE
 
 
 @triton.jit
@@ -77,7 +78,7 @@ def _gumbel_sample_kernel(
     The Gumbel race argmax(x / T + g), g = -log(E), E = -log(u), runs as argmax(exp(x / T - m) / E) against
     the lane's running max m: the same winner with one logarithm per logit instead of two, since the
     exponential is the one the logsumexp needs anyway. Fractions compare by cross products (no division per
-    logit; the kernel is instruction-bound: ~45 instructions per logit, was ~80)."""
+    logit: the kernel is bound by instructions, ~45 per logit)."""
     row = tl.program_id(0)
     split = tl.program_id(1)
     temperature = tl.load(temperatures_ptr + row)

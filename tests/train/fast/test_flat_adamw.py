@@ -1,9 +1,10 @@
-"""`FlatAdamW` (`asyncrl/train/flat_adamw.py`): the graphed trainer's AdamW over flat masters, gradients and moments.
+"""`FlatAdamW` (`asyncrl/train/fast/flat_adamw.py`): the graphed trainer's AdamW over flat masters, gradients and
+moments.
 
 Its Triton step runs on a GPU, or on CPU tensors under Triton's interpreter, which `tests/conftest.py` turns on
 where no GPU is present:
 
-    python -m pytest tests/train/test_flat_adamw.py -q
+    python -m pytest tests/train/fast/test_flat_adamw.py -q
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import torch
 
 from asyncrl.config.schema import OptimConfig
 from asyncrl.models import CausalLM, init_weights, tiny_config
-from asyncrl.train.compute_weights import ComputeWeights
-from asyncrl.train.flat_adamw import FlatAdamW
+from asyncrl.train.fast.compute_weights import ComputeWeights
+from asyncrl.train.fast.flat_adamw import FlatAdamW
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),

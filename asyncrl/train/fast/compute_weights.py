@@ -19,10 +19,11 @@ fixed addresses too (checkpointing sets them aside and back: `checkpoint.gradien
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+import math
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-import math
 from typing import Optional
 
 import torch
@@ -85,7 +86,7 @@ class ComputeWeights:
             self.stacked.append((attention, stacked_weight, stacked_bias))
         self.trainable = [copy for copy in self.copies if copy.requires_grad] + [
             tensor for _, weight, bias in self.stacked for tensor in (weight, bias) if tensor is not None]
-        self.add = _compiled_foreach_add if compile_accumulation else torch._foreach_add_
+        self.add = compiled_foreach_add() if compile_accumulation else torch._foreach_add_
 
     def _stack(self, masters: list[nn.Parameter], dtype: Optional[torch.dtype]) -> Tensor:
         """A compute-dtype leaf holding `masters` stacked along dim 0 (refreshed with the copies), whose
@@ -184,8 +185,11 @@ def _foreach_add(accumulators: list[Tensor], values: list[Tensor]) -> None:
     torch._foreach_add_(accumulators, values)
 
 
-# Eager, mixed-dtype foreach adds fall back to one unvectorised kernel per tensor: 21 ms of a 0.29 s 0.5B update
-# on an H200 (8 micro-batches x 290 parameters, ~1.9 TB/s). Inductor lowers the same call to foreach kernels that
-# add many tensors per launch with vectorised loads. It compiles at its first call (every later call passes the same
-# parameters' gradients); a captured step replays its kernels.
-_compiled_foreach_add = torch.compile(_foreach_add, fullgraph=True, dynamic=False)
+@functools.cache
+def compiled_foreach_add() -> Callable[[list[Tensor], list[Tensor]], None]:
+    """`torch._foreach_add_` compiled by Inductor, one function per process. Eager, mixed-dtype foreach adds fall
+    back to one unvectorised kernel per tensor: 21 ms of a 0.29 s 0.5B update on an H200 (8 micro-batches x 290
+    parameters, ~1.9 TB/s). Inductor lowers the same call to foreach kernels that add many tensors per launch with
+    vectorised loads. It compiles at its first call (every later call passes the same parameters' gradients); a
+    captured step replays its kernels. Built on first use: `torch.compile` imports dynamo, and with it triton."""
+    return torch.compile(_foreach_add, fullgraph=True, dynamic=False)

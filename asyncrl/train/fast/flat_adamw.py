@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.config.schema import OptimConfig
-from asyncrl.train.compute_weights import ComputeWeights, carve
+from asyncrl.train.fast.compute_weights import ComputeWeights, carve
 
 
 class FlatAdamW(torch.optim.AdamW):
@@ -54,7 +54,7 @@ class FlatAdamW(torch.optim.AdamW):
         if not (self.fused_kernel and flat_grads):
             self._state_is_flat = False  # torch's step may create state entries of its own
             return super().step(closure)
-        from asyncrl.train.triton_adamw import adamw_step_  # triton: CUDA installs only
+        from asyncrl.train.fast.triton_adamw import adamw_step_  # triton: CUDA installs only
 
         loss = None if closure is None else closure()
         self._flatten_state()

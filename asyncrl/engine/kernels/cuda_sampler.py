@@ -11,8 +11,8 @@ import functools
 import torch
 from torch import Tensor
 
-from asyncrl.engine import triton_sampler
-from asyncrl.engine.cuda_build import SOURCES, build_extension
+from asyncrl.engine.kernels import triton_sampler
+from asyncrl.engine.kernels.cuda_build import SOURCES, build_extension
 from asyncrl.engine.sampler import FusedSampleKernel
 
 ENTRY = SOURCES / "gumbel_sample.cu"

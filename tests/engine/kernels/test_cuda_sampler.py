@@ -1,7 +1,7 @@
-"""Our CUDA sampler (`asyncrl/engine/cuda_sampler.py`) against the torch reference and the Triton kernel
+"""Our CUDA sampler (`asyncrl/engine/kernels/cuda_sampler.py`) against the torch reference and the Triton kernel
 (skipped without a GPU).
 
-    python -m pytest tests/engine/test_cuda_sampler.py -q
+    python -m pytest tests/engine/kernels/test_cuda_sampler.py -q
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from asyncrl.engine.sampler import row_keys, sample_reference, uniform_noise
 
-from .helpers import mixed_sampling_rows, tied_greedy_rows
+from ..helpers import mixed_sampling_rows, tied_greedy_rows
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def test_cuda_sample_matches_the_torch_sampler(num_splits, dtype):
     """Any vocabulary split gives the reference's tokens (sampled, greedy, under a top-k threshold); bf16 logits
     sample as their fp32 widening; log-probs are log_softmax(x / T) over the whole vocabulary."""
-    from asyncrl.engine.cuda_sampler import covers, fused_sample
+    from asyncrl.engine.kernels.cuda_sampler import covers, fused_sample
 
     logits, temperatures, thresholds, keys = mixed_sampling_rows("cuda", dtype)
     expected_ids, expected_log_probs = sample_reference(logits, temperatures, thresholds, keys)
@@ -34,7 +34,7 @@ def test_cuda_sample_matches_the_torch_sampler(num_splits, dtype):
 def test_cuda_sample_picks_the_reference_token_on_many_rows():
     """200 rows of mixed temperatures; every fifth is greedy with its best logit tied at ids 17 and 600 (the
     lower id must win, across threads and splits)."""
-    from asyncrl.engine.cuda_sampler import fused_sample
+    from asyncrl.engine.kernels.cuda_sampler import fused_sample
 
     logits, temperatures, thresholds, keys = tied_greedy_rows("cuda")
     expected_ids, expected_log_probs = sample_reference(logits, temperatures, thresholds, keys)
@@ -49,7 +49,7 @@ def test_cuda_sample_runs_the_reference_race_on_the_engine_shape():
     threads hold different ids), so on a near-tie they may pick different tokens; each token must win the race as
     the reference scores it in float64 (x / T + Gumbel noise from the same hash) up to rounding, and the kernels
     must agree on nearly every row. Log-probs: log_softmax over the full vocabulary."""
-    from asyncrl.engine import cuda_sampler, triton_sampler
+    from asyncrl.engine.kernels import cuda_sampler, triton_sampler
 
     rows, vocab_size = 256, 151_936
     generator = torch.Generator(device="cuda").manual_seed(0)
@@ -78,7 +78,7 @@ def test_cuda_sample_runs_the_reference_race_on_the_engine_shape():
 def test_logits_it_does_not_cover_go_to_the_triton_kernel():
     """A vocabulary that is not a multiple of 8 cannot take 16-byte loads of whole rows: the Triton kernel
     samples it, to the reference's tokens."""
-    from asyncrl.engine.cuda_sampler import covers, fused_sample
+    from asyncrl.engine.kernels.cuda_sampler import covers, fused_sample
 
     logits = 3 * torch.randn((4, 1001), generator=torch.Generator().manual_seed(5))
     logits = logits.cuda()

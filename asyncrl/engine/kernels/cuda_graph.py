@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from asyncrl.engine.attention import AttentionMetadata, DecodeKernel, PagedAttention
-from asyncrl.engine.decode_staging import DecodeStaging
-from asyncrl.engine.fused_decode import FusedDecodeLayers
+from asyncrl.engine.kernels.decode_staging import DecodeStaging
+from asyncrl.engine.kernels.fused_decode import FusedDecodeLayers
 from asyncrl.engine.kv_cache import KVCache
 from asyncrl.engine.sampler import MASK32, Sampler, SamplingInputs, truncation_thresholds
 from asyncrl.engine.step_output import StepOutput, recorded_event

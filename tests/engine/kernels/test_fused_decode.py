@@ -1,9 +1,9 @@
-"""The fused decode products (`asyncrl.engine.fused_decode`): each product against the model's own composition in
-torch, the engine's decode steps through them against a dense forward (before and after a weight update), and the
-engine's choice ("auto" falls back to the model's layers where they cannot run). The GPU tests need a Hopper GPU;
+"""The fused decode products (`asyncrl.engine.kernels.fused_decode`): each product against the model's own
+composition in torch, the engine's decode steps through them against a dense forward (before and after a weight
+update), and the engine's choice ("auto" falls back to the model's layers where they cannot run). The GPU tests need a Hopper GPU;
 the first builds the kernels (a minute or two).
 
-    python -m pytest tests/engine/test_fused_decode.py -q
+    python -m pytest tests/engine/kernels/test_fused_decode.py -q
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import torch.nn.functional as F
 
 from asyncrl.bench.models import qwen2_config
 from asyncrl.config import ConfigError, load_config
-from asyncrl.engine import EngineConfig, LLMEngine, fused_decode, model_runner
-from asyncrl.engine.fused_decode import (DOWN, GATE_UP, QKV, FusedDecodeLayers, O, launch_sizes,
+from asyncrl.engine import EngineConfig, LLMEngine
+from asyncrl.engine.kernels import fused_decode, selection
+from asyncrl.engine.kernels.fused_decode import (DOWN, GATE_UP, QKV, FusedDecodeLayers, O, launch_sizes,
                                          slower_reason)
 from asyncrl.models import CausalLM, build_tiny_model, fuse_projections, iter_named_tensors, load_model
 from asyncrl.models.tiny import tiny_config
@@ -89,8 +90,8 @@ def test_engine_decodes_through_the_fused_layers_and_refreshes_them_on_update(wi
     engine = LLMEngine(wide_folder, EngineConfig(device="cuda", dtype=torch.bfloat16, max_num_seqs=64,
                                                   max_num_batched_tokens=2048, gpu_memory_utilization=0.15,
                                                   decode_products="fused"))
-    assert engine.runner.fused_layers is not None and engine.runner.graphs.decode_forward == \
-        engine.runner.fused_layers.forward
+    assert engine.runner.kernels.fused_layers is not None and engine.runner.graphs.decode_forward == \
+        engine.runner.kernels.fused_layers.forward
     assert_within_bf16_noise(wide_folder, engine.generate(requests_for(24, max_new_tokens=60))[:8])
     other = build_tiny_model(tmp_path / "other", family="qwen2", seed=12, init_std=0.1, hidden_size=448,
                              num_heads=7, num_kv_heads=1, num_layers=3, max_position_embeddings=512)
@@ -119,18 +120,18 @@ def test_auto_falls_back_to_the_models_layers_with_a_warning(monkeypatch, caplog
     config = EngineConfig(device="cuda:0", dtype=torch.bfloat16, decode_products=asked)
     model = SimpleNamespace(config=qwen2_config("qwen2.5-0.5b"))
     if asked == "auto":
-        assert model_runner.load_fused_layers(model, config, "cuda", 8, 132) is None
+        assert selection.load_fused_layers(model, config, "cuda", 8, 132) is None
         assert "runs the model's layers" in caplog.text and "no nvcc" in caplog.text
     else:  # asked for by name, a failed build is an error
         with pytest.raises(RuntimeError, match="no nvcc"):
-            model_runner.load_fused_layers(model, config, "cuda", 8, 132)
+            selection.load_fused_layers(model, config, "cuda", 8, 132)
     # Without the CUDA attention kernel, "auto" says why; fp32 and "torch" never try.
     caplog.clear()
     auto = EngineConfig(device="cuda:0", dtype=torch.bfloat16)
-    assert model_runner.load_fused_layers(model, auto, "triton", 8, 132) is None
+    assert selection.load_fused_layers(model, auto, "triton", 8, 132) is None
     assert "need the CUDA decode-attention kernel" in caplog.text
-    assert model_runner.load_fused_layers(model, EngineConfig(device="cuda:0", dtype=torch.float32), "cuda", 8, 132) is None
-    assert model_runner.load_fused_layers(model, EngineConfig(device="cuda:0", dtype=torch.bfloat16,
+    assert selection.load_fused_layers(model, EngineConfig(device="cuda:0", dtype=torch.float32), "cuda", 8, 132) is None
+    assert selection.load_fused_layers(model, EngineConfig(device="cuda:0", dtype=torch.bfloat16,
                                                               decode_products="torch"), "cuda", 8, 132) is None
 
 
@@ -144,7 +145,7 @@ def test_auto_keeps_the_models_layers_where_a_fused_launch_would_take_two_waves(
     assert "gate/up product launches 224 CTAs" in slower_reason(large, 256, 132)
     caplog.set_level("INFO")
     config = EngineConfig(device="cuda:0", dtype=torch.bfloat16)
-    assert model_runner.load_fused_layers(SimpleNamespace(config=large), config, "cuda", 256, 132) is None
+    assert selection.load_fused_layers(SimpleNamespace(config=large), config, "cuda", 256, 132) is None
     assert "224 CTAs" in caplog.text
 
 

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.engine.attention import PagedAttention
-from asyncrl.engine.cuda_build import SOURCES, build_extension
+from asyncrl.engine.kernels.cuda_build import SOURCES, build_extension
 from asyncrl.models.model_config import TransformerConfig
 from asyncrl.models.transformer import CausalLM
 

@@ -1,8 +1,8 @@
-"""The CUDA C++ decode-attention kernel (`asyncrl.engine.cuda_decode`) against fp32 attention and against the
+"""The CUDA C++ decode-attention kernel (`asyncrl.engine.kernels.cuda_decode`) against fp32 attention and against the
 Triton kernel it stands in for (skipped without a GPU; the first test builds the kernel, a minute or two), and the
 engine's choice of kernel ("auto" falls back to Triton where the CUDA kernel cannot be built).
 
-    python -m pytest tests/engine/test_cuda_decode.py -q
+    python -m pytest tests/engine/kernels/test_cuda_decode.py -q
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from asyncrl.models.rope import apply_rotary
 
-from .helpers import prompt
+from ..helpers import prompt
 from .test_cuda_engine import assert_within_bf16_noise, wide_folder  # noqa: F401 (a fixture)
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -69,7 +69,7 @@ def fp32_reference(query, key_cache, value_cache, tables, lengths) -> torch.Tens
 @pytest.mark.parametrize("warps,stages", [(4, 2), (4, 3), (8, 3)])
 def test_cuda_decode_stores_the_new_token_and_matches_fp32_attention(num_heads, num_kv_heads, head_dim, block_size,
                                                                       warps, stages):
-    from asyncrl.engine import cuda_decode
+    from asyncrl.engine.kernels import cuda_decode
 
     # 1: only the new token; 15-17, 31-33: tile edges; 2,047: many tiles per warp.
     context_lens = [1, 2, 15, 16, 17, 31, 32, 33, 100, 129, 1000, 2047]
@@ -105,7 +105,7 @@ def rotate_once(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 @needs_cuda
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(14, 2, 64), (12, 2, 128)])
 def test_cuda_decode_rotates_the_query_and_new_key_itself(num_heads, num_kv_heads, head_dim):
-    from asyncrl.engine import cuda_decode
+    from asyncrl.engine.kernels import cuda_decode
 
     context_lens = [1, 2, 17, 100, 1000, 2047]
     query, key_cache, value_cache, tables, lengths, slots, new_key, new_value = decode_case(
@@ -141,7 +141,7 @@ def test_a_programmatic_launch_reads_what_the_kernel_before_it_wrote(writer, num
     wait would see zeros. The output and the stored key/value equal a plain launch's, bit for bit. Contexts up to
     192 positions put the new one among a warp's first tiles (its store then precedes their requests); longer ones
     put it later."""
-    from asyncrl.engine import cuda_decode, fused_decode
+    from asyncrl.engine.kernels import cuda_decode, fused_decode
 
     if writer != "copy" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the fused products need a Hopper GPU (sm_90)")
@@ -196,7 +196,7 @@ def test_a_programmatic_launch_reads_what_the_kernel_before_it_wrote(writer, num
 
 @needs_cuda
 def test_cuda_decode_equals_the_triton_kernel_up_to_rounding_and_defers_what_it_does_not_cover():
-    from asyncrl.engine import cuda_decode, triton_kernels
+    from asyncrl.engine.kernels import cuda_decode, triton_decode
 
     context_lens = [3, 64, 700, 1536]
     case = decode_case(context_lens, 14, 2, 64, 16, seed=7)
@@ -205,7 +205,7 @@ def test_cuda_decode_equals_the_triton_kernel_up_to_rounding_and_defers_what_it_
     outputs = [kernel(query, keys, values, tables, lengths, 1, new_key=new_key, new_value=new_value, write_slots=slots,
                       row_order=None)
                for kernel, (keys, values) in zip((cuda_decode.paged_decode_attention,
-                                                  triton_kernels.paged_decode_attention), caches)]
+                                                  triton_decode.paged_decode_attention), caches)]
     # NaN past every context: equal_nan, or no two caches would ever compare equal.
     assert all(torch.allclose(ours, theirs, rtol=0, atol=0, equal_nan=True) for ours, theirs in zip(*caches))
     assert (outputs[0].float() - outputs[1].float()).abs().max().item() < 2e-2
@@ -226,8 +226,8 @@ def test_engine_with_the_cuda_kernel_matches_a_dense_forward(wide_folder):  # no
     engine = LLMEngine(wide_folder, EngineConfig(device="cuda", dtype=torch.bfloat16, max_num_seqs=288,
                                                   max_num_batched_tokens=4096, gpu_memory_utilization=0.2,
                                                   decode_attention="cuda"))
-    from asyncrl.engine import cuda_decode
-    assert engine.runner.decode_kernel is cuda_decode.paged_decode_attention
+    from asyncrl.engine.kernels import cuda_decode
+    assert engine.runner.kernels.decode_kernel is cuda_decode.paged_decode_attention
     requests = [GenerationRequest(f"r{index}", prompt(3 + 7 * (index % 9), offset=index % 5),
                                   SamplingParams(temperature=1.0, max_new_tokens=30, ignore_eos=True, seed=index))
                 for index in range(280)]
@@ -251,7 +251,7 @@ def test_asking_for_the_cuda_kernel_with_a_block_size_it_cannot_read_fails_at_co
 @pytest.mark.parametrize("builds", [True, False])
 def test_auto_takes_the_cuda_kernel_where_it_builds_and_falls_back_to_triton_with_a_warning(monkeypatch, caplog,
                                                                                             builds):
-    from asyncrl.engine import cuda_decode, cuda_sampler, model_runner, triton_kernels
+    from asyncrl.engine.kernels import cuda_decode, cuda_sampler, selection, triton_decode
 
     def load():
         if not builds:
@@ -262,27 +262,27 @@ def test_auto_takes_the_cuda_kernel_where_it_builds_and_falls_back_to_triton_wit
     # The sampler is chosen in the same call and warns where it cannot be built: here it builds, so every
     # record is the decode-attention choice's own.
     monkeypatch.setattr(cuda_sampler, "load_sample_kernel", lambda: cuda_sampler.fused_sample)
-    name, kernel, sample_kernel = model_runner.load_cuda_kernels("auto")
+    name, kernel, sample_kernel = selection.load_cuda_kernels("auto")
     assert sample_kernel is cuda_sampler.fused_sample
     if builds:
         assert (name, kernel) == ("cuda", cuda_decode.paged_decode_attention) and not caplog.records
     else:
-        assert (name, kernel) == ("triton", triton_kernels.paged_decode_attention)
+        assert (name, kernel) == ("triton", triton_decode.paged_decode_attention)
         assert "uses the Triton kernel" in caplog.text and "no nvcc" in caplog.text
         with pytest.raises(RuntimeError, match="no nvcc"):  # asked for by name, a failed build is an error
-            model_runner.load_cuda_kernels("cuda")
-    assert model_runner.load_cuda_kernels("triton")[:2] == ("triton", triton_kernels.paged_decode_attention)
+            selection.load_cuda_kernels("cuda")
+    assert selection.load_cuda_kernels("triton")[:2] == ("triton", triton_decode.paged_decode_attention)
 
 
 def test_the_sampler_falls_back_to_triton_with_a_warning_where_the_cuda_one_does_not_build(monkeypatch, caplog):
-    from asyncrl.engine import cuda_sampler, model_runner, triton_kernels, triton_sampler
+    from asyncrl.engine.kernels import cuda_sampler, selection, triton_decode, triton_sampler
 
     def load():
         raise RuntimeError("the CUDA sampler could not be built (no nvcc)")
 
     monkeypatch.setattr(cuda_sampler, "load_sample_kernel", load)
-    name, kernel, sample_kernel = model_runner.load_cuda_kernels("triton")
-    assert (name, kernel, sample_kernel) == ("triton", triton_kernels.paged_decode_attention,
+    name, kernel, sample_kernel = selection.load_cuda_kernels("triton")
+    assert (name, kernel, sample_kernel) == ("triton", triton_decode.paged_decode_attention,
                                              triton_sampler.fused_sample)
     assert [record.getMessage() for record in caplog.records] == [
         "the engine samples with the Triton kernel: the CUDA sampler could not be built (no nvcc)"]

@@ -9,7 +9,7 @@ torch's fused kernel walks a 0.5B model's 290 tensors in 25 multi-tensor launche
 update on an H200); one launch over flat memory, 28 bytes per parameter, has ~3.5 ms at 4 TB/s as its goal.
 
 Imported only on CUDA (CPU installs may lack triton); the kernel also runs under Triton's interpreter
-(`TRITON_INTERPRET=1`, `tests/train/test_flat_adamw.py`).
+(`TRITON_INTERPRET=1`, `tests/train/fast/test_flat_adamw.py`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CUDA extensions' build lock (`asyncrl.engine.cuda_build`): a build killed midway leaves torch's lock file
+"""The CUDA extensions' build lock (`asyncrl.engine.kernels.cuda_build`): a build killed midway leaves torch's lock file
 behind, and torch's builder waits for it forever; ours waits for a live build and names a stale lock instead."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.engine import cuda_build
+from asyncrl.engine.kernels import cuda_build
 
 
 @pytest.fixture

@@ -1,20 +1,22 @@
 """The Triton kernels against the torch paths, on a GPU or on the CPU under Triton's interpreter, which
 `tests/conftest.py` turns on where no GPU is present:
 
-    python -m pytest tests/engine/test_triton_kernels.py -q
+    python -m pytest tests/engine/kernels/test_triton_kernels.py -q
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
 import torch
 
 from asyncrl.engine.attention import AttentionMetadata, torch_paged_attention
+from asyncrl.engine.kernels.selection import KernelChoice
 from asyncrl.engine.sampler import sample_reference
 
-from .helpers import mixed_sampling_rows, tied_greedy_rows
+from ..helpers import mixed_sampling_rows, tied_greedy_rows
 
 IS_CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not (IS_CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
@@ -50,7 +52,7 @@ def paged_case(context_lens: list[int], num_heads: int, num_kv_heads: int, head_
 # tiles, read with one block id each (32: two tiles per block, the second starting mid-block).
 @pytest.mark.parametrize("block_size", [4, 16, 32])
 def test_paged_decode_matches_torch_paged_attention(num_splits, num_heads, num_kv_heads, head_dim, block_size):
-    from asyncrl.engine.triton_kernels import paged_decode_attention
+    from asyncrl.engine.kernels.triton_decode import paged_decode_attention
 
     dtype = torch.bfloat16 if IS_CUDA else torch.float32
     context_lens = [1, 5, 16, 17, 70]
@@ -72,7 +74,7 @@ def test_paged_decode_matches_torch_paged_attention(num_splits, num_heads, num_k
 def test_paged_decode_ignores_nan_left_in_unattended_slots(block_size):
     """Slots past a context (a block's unused tail, written long ago by a sequence whose numbers blew up) may
     hold NaN: whole-block tiles read them, and the output must still equal the clean cache's."""
-    from asyncrl.engine.triton_kernels import paged_decode_attention
+    from asyncrl.engine.kernels.triton_decode import paged_decode_attention
 
     dtype = torch.bfloat16 if IS_CUDA else torch.float32
     context_lens = [1, 5, 16, 17, 70]
@@ -94,7 +96,7 @@ def test_paged_decode_that_stores_the_new_token_equals_a_cache_write_then_attent
     position of its context) and attends to it from registers; values arrive as a strided view (a split of
     the fused q/k/v output). Caches and outputs equal a separate write followed by the plain kernel. With
     blocks of 32 the last tile read from the cache holds the slot being written: its stale value is masked."""
-    from asyncrl.engine.triton_kernels import paged_decode_attention
+    from asyncrl.engine.kernels.triton_decode import paged_decode_attention
 
     dtype = torch.bfloat16 if IS_CUDA else torch.float32
     num_heads, num_kv_heads, head_dim = 14, 2, 64
@@ -122,7 +124,7 @@ def test_paged_decode_that_stores_the_new_token_equals_a_cache_write_then_attent
 def test_paged_decode_row_order_changes_only_which_programs_start_first(num_splits):
     """Launching the sequences longest context first (as the engine does) gives every sequence exactly the
     output, and the cache writes, of the unordered launch."""
-    from asyncrl.engine.triton_kernels import paged_decode_attention
+    from asyncrl.engine.kernels.triton_decode import paged_decode_attention
 
     dtype = torch.bfloat16 if IS_CUDA else torch.float32
     context_lens = [5, 70, 1, 17, 16]
@@ -143,7 +145,7 @@ def test_paged_decode_row_order_changes_only_which_programs_start_first(num_spli
 @pytest.mark.parametrize("num_splits, dtype", [(1, torch.float32), (3, torch.float32), (8, torch.bfloat16)])
 def test_fused_sample_matches_the_torch_sampler(num_splits, dtype):
     """Any vocabulary split gives the torch sampler's tokens; bf16 logits sample as their fp32 widening."""
-    from asyncrl.engine.triton_sampler import fused_sample
+    from asyncrl.engine.kernels.triton_sampler import fused_sample
 
     logits, temperatures, thresholds, keys = mixed_sampling_rows(DEVICE, dtype)
     expected_ids, expected_log_probs = sample_reference(logits, temperatures, thresholds, keys)
@@ -157,7 +159,7 @@ def test_fused_sample_matches_the_torch_sampler(num_splits, dtype):
 def test_fused_sample_picks_the_reference_token_on_many_rows():
     """The kernel's ratio form of the Gumbel race (one logarithm per logit) selects the reference's token on
     every one of 200 rows with mixed temperatures, including greedy rows whose best logit is tied."""
-    from asyncrl.engine.triton_sampler import fused_sample
+    from asyncrl.engine.kernels.triton_sampler import fused_sample
 
     logits, temperatures, thresholds, keys = tied_greedy_rows(DEVICE)
     expected_ids, expected_log_probs = sample_reference(logits, temperatures, thresholds, keys)
@@ -173,10 +175,10 @@ def test_a_cpu_engine_picks_the_torch_paths_with_triton_importable(tiny_folder):
     device alone decides."""
     import triton  # noqa: F401 (the premise: present)
 
-    from .helpers import make_engine
+    from ..helpers import make_engine
 
     runner = make_engine(tiny_folder).runner
-    assert (runner.decode_attention, runner.decode_kernel, runner.sampler.fused_kernel) == (None, None, None)
+    assert runner.kernels == KernelChoice.torch_paths() and runner.sampler.fused_kernel is None
 
 
 @interpreter_only
@@ -184,16 +186,16 @@ def test_engine_with_the_cuda_kernels_matches_the_torch_path(tiny_folder):
     """The CUDA dispatch (dense prefill, Triton decode, fused sampler) run on this device, against the torch
     path of the same engine configuration."""
     from asyncrl.engine.sampler import Sampler
-    from asyncrl.engine.triton_kernels import paged_decode_attention
-    from asyncrl.engine.triton_sampler import fused_sample
+    from asyncrl.engine.kernels.triton_decode import paged_decode_attention
+    from asyncrl.engine.kernels.triton_sampler import fused_sample
 
-    from .helpers import make_engine, request
+    from ..helpers import make_engine, request
 
     requests = [request(f"k{index}", 3 + 5 * index, offset=index, temperature=[1.0, 0.0, 0.8][index],
                         max_new_tokens=12, ignore_eos=True, seed=index) for index in range(3)]
     expected = make_engine(tiny_folder).generate(requests)
     engine = make_engine(tiny_folder)
-    engine.runner.decode_kernel = paged_decode_attention
+    engine.runner.kernels = dataclasses.replace(engine.runner.kernels, decode_kernel=paged_decode_attention)
     engine.runner.sampler = Sampler(fused_sample)
     results = engine.generate(requests)
     for result, reference in zip(results, expected):
@@ -206,17 +208,17 @@ def test_decode_graph_buffers_padding_and_buckets_with_eager_replay(tiny_folder)
     """`DecodeGraphs` with each CUDA graph replaced by an eager rerun of its static forward: checks the
     static buffers, the sink-block padding, bucket choice and per-bucket context splits on this device."""
     from asyncrl.engine.sampler import Sampler
-    from asyncrl.engine.triton_kernels import paged_decode_attention
-    from asyncrl.engine.triton_sampler import fused_sample
+    from asyncrl.engine.kernels.triton_decode import paged_decode_attention
+    from asyncrl.engine.kernels.triton_sampler import fused_sample
 
-    from .helpers import EagerDecodeGraphs, make_engine, request
+    from ..helpers import EagerDecodeGraphs, make_engine, request
 
     requests = [request(f"b{index}", 3 + 4 * index, offset=index, temperature=1.0, max_new_tokens=6 + 5 * index,
                         ignore_eos=True, seed=index) for index in range(5)]
     expected = make_engine(tiny_folder).generate(requests)
     engine = make_engine(tiny_folder, max_num_seqs=8)
     runner = engine.runner
-    runner.decode_kernel = paged_decode_attention
+    runner.kernels = dataclasses.replace(runner.kernels, decode_kernel=paged_decode_attention)
     runner.sampler = Sampler(fused_sample)
     runner.graphs = EagerDecodeGraphs(runner.model, runner.kv_cache, paged_decode_attention, runner.sampler, 8,
                                       -(-engine.max_model_len // 4), num_processors=8)

@@ -1,4 +1,4 @@
-"""Embedding rows whose gradient is added into a given float32 tensor (`asyncrl/train/embedding_lookup.py`)."""
+"""Embedding rows whose gradient is added into a given float32 tensor (`asyncrl/train/fast/embedding_lookup.py`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from asyncrl.train.embedding_lookup import embedding_rows
+from asyncrl.train.fast.embedding_lookup import embedding_rows
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

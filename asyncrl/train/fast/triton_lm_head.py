@@ -13,8 +13,9 @@ graph, 60x the memory floor), these take one each:
 - gradient: one program per row reads each logit once and writes dL/dlogits in its place (the logits are not
   needed afterwards), from the forward's logsumexp.
 
-Imported only on CUDA (CPU installs may lack triton); the kernels also run under Triton's interpreter
-(`TRITON_INTERPRET=1`, `tests/train/test_lm_head.py`).
+`TRITON_CHUNK_KERNELS` is the pair as the chunked LM head takes it (`lm_head.FusedChunkKernels`). Imported only on
+CUDA (CPU installs may lack triton); the kernels also run under Triton's interpreter (`TRITON_INTERPRET=1`,
+`tests/train/fast/test_triton_lm_head.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from asyncrl.train.lm_head import FusedChunkKernels
 
 BLOCK = 4096      # vocabulary entries per loop step of one row
 NUM_WARPS = 8
@@ -205,3 +208,6 @@ def _check(logits: Tensor, target_ids: Tensor) -> None:
     if target_ids.shape != logits.shape[:1] or not target_ids.is_contiguous():
         raise ValueError(f"target_ids must be contiguous of shape ({logits.shape[0]},), got "
                          f"{tuple(target_ids.shape)}")
+
+
+TRITON_CHUNK_KERNELS = FusedChunkKernels(fused_chunk_statistics, fused_chunk_grad_logits_)

@@ -4,7 +4,7 @@ built on first use.
     kernel = load_decode_kernel()      # RuntimeError where it cannot be built
     output = kernel(query, key_cache, value_cache, block_tables, context_lens, 1, new_key=..., ...)
 
-Same calling convention and results as `triton_kernels.paged_decode_attention` (the engine's `DecodeKernel`),
+Same calling convention and results as `triton_decode.paged_decode_attention` (the engine's `DecodeKernel`),
 for the cases it covers: bf16, head dimension 64 or 128, at most 8 query heads per KV head, blocks of a power of
 two positions (at least 16), one context split. Anything else (fp16/fp32, the small batches that split their contexts)
 goes to the Triton kernel, so the engine never needs to know which one ran.
@@ -12,7 +12,7 @@ goes to the Triton kernel, so the engine never needs to know which one ran.
 It is built with torch's extension builder (nvcc and ninja, the CUDA toolkit torch was built against) into
 torch's extension cache, once per machine. Where that fails (no toolkit), `load_decode_kernel` raises, naming
 the cause; the engine's default, `decode_attention="auto"`, then runs the Triton kernel and logs why
-(`model_runner.load_cuda_kernels`).
+(`selection.load_cuda_kernels`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import torch
 from torch import Tensor
 
 from asyncrl.config.invariants import cuda_decode_takes_block_size
-from asyncrl.engine import triton_kernels
 from asyncrl.engine.attention import DecodeKernel
-from asyncrl.engine.cuda_build import SOURCES, build_extension
+from asyncrl.engine.kernels import triton_decode
+from asyncrl.engine.kernels.cuda_build import SOURCES, build_extension
 
 ENTRY = SOURCES / "paged_decode.cu"  # the torch entry; it includes the kernel, paged_decode_kernel.cuh
 _DECLARATION = ("torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache, "
@@ -64,7 +64,7 @@ def paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor
     write the cache (in the engine it is the q/k/v product); a caller that has just written the cache leaves it
     False."""
     if not covers(query, key_cache, num_splits):
-        return triton_kernels.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens,
+        return triton_decode.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens,
                                                      num_splits, new_key=new_key, new_value=new_value,
                                                      write_slots=write_slots, row_order=row_order, rotary=rotary,
                                                      programmatic=programmatic)
