@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from asyncrl.algos import ADVANTAGE_ESTIMATORS, AdvantageEstimatorSpec
 from asyncrl.config.docs import render_configuration_markdown
 from asyncrl.config.schema import AsyncRLConfig
 
@@ -58,6 +59,31 @@ def test_sections_carry_their_help():
     text = render_configuration_markdown()
     assert "## algorithm.rollout_correction\n\nOff-policy correction between the rollout" in text
     assert "## async_training\n\nFully-async staleness control." in text
+
+
+def test_algorithm_keys_list_their_registry_and_each_registry_has_a_table():
+    text = render_configuration_markdown()
+    assert row_of(text, "algorithm.adv_estimator")[1] == r" \| ".join(ADVANTAGE_ESTIMATORS)
+    assert row_of(text, "algorithm.rollout_correction.rollout_is")[1] == r"token \| sequence \| geometric \| null"
+    assert row_of(text, "actor.policy_loss.loss_mode")[4] == "policy loss; see [policy losses](#policy-losses)"
+    assert row_of(text, "gae")[2:] == ["yes", "no", "no"]  # needs a critic, compares responses, greedy baseline
+    assert row_of(text, "grpo")[2:] == ["no", "yes", "no"]
+    assert row_of(text, "vanilla")[2] == "no" and row_of(text, "kl_cov")[2].startswith("how many tokens to pick")
+    for heading in ("Advantage estimators", "Policy losses", "KL estimators", "Loss aggregation modes",
+                    "Rollout-correction levels"):
+        assert f"\n## {heading}\n" in text
+
+
+def test_a_new_shipped_entry_makes_the_committed_reference_stale(monkeypatch):
+    def shipped(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
+                gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+        return token_level_rewards, token_level_rewards
+    entry = AdvantageEstimatorSpec(name="shipped", fn=shipped, summary="a new built-in estimator")
+    builtins = ADVANTAGE_ESTIMATORS.builtin_specs()
+    monkeypatch.setattr(ADVANTAGE_ESTIMATORS, "builtin_specs", lambda: [*builtins, entry])
+    text = render_configuration_markdown()
+    assert row_of(text, "shipped") == ["`shipped`", "a new built-in estimator", "no", "no", "no"]
+    assert DOCS_FILE.read_text() != text
 
 
 def test_check_flag_reports_a_stale_file(tmp_path):
