@@ -250,9 +250,9 @@ def run_engine_benchmark(model: str | Path | TransformerConfig = "qwen2.5-0.5b",
     result = {
         "model": name, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
         "decode_attention": decode_attention,
-        "decode_attention_kernel": engine.runner.decode_attention,  # the one that ran ("auto" picks one)
+        "decode_attention_kernel": engine.runner.kernels.decode_attention,  # the one that ran ("auto" picks one)
         "decode_products": decode_products,
-        "decode_layers": "torch" if engine.runner.fused_layers is None else "fused",  # the ones that ran
+        "decode_layers": "torch" if engine.runner.kernels.fused_layers is None else "fused",  # the ones that ran
         "num_requests": num_requests, "prompt_lengths": prompt_lengths.__dict__,
         "output_lengths": output_lengths.__dict__,
         "prompt_tokens": int(sum(item.prompt_ids.size for item in requests)),
