@@ -1,7 +1,13 @@
-"""Reward functions: the verl-compatible protocol, built-in scorers, user functions, safe execution."""
+"""Reward functions: the verl-compatible protocol, built-in scorers, user functions, safe execution.
+
+User reward code runs only in scoring processes: `check_reward_function` loads it in one under a time limit
+(for the composition root, before Ray starts), and `RewardExecutor` scores with a pool of them.
+"""
 
 from asyncrl.rewards.executor import RewardExecutor
-from asyncrl.rewards.loader import RewardLoadError, load_reward_function
-from asyncrl.rewards.protocol import RewardFn, RewardRequest, RewardResult
+from asyncrl.rewards.loader import RewardLoadError
+from asyncrl.rewards.protocol import Failure, RewardFn, RewardRequest, RewardResult
+from asyncrl.rewards.startup import check_reward_function
 
-__all__ = ["RewardExecutor", "RewardFn", "RewardLoadError", "RewardRequest", "RewardResult", "load_reward_function"]
+__all__ = ["Failure", "RewardExecutor", "RewardFn", "RewardLoadError", "RewardRequest", "RewardResult",
+           "check_reward_function"]

@@ -1,166 +1,195 @@
-"""Score samples in worker processes, each sample under a time limit, so no scorer can stop a run.
+"""Score samples in scoring processes, each sample under a time limit, so no scorer can stop a run.
 
     executor = RewardExecutor("my_reward.py:compute_score", timeout_s=10, num_workers=2)
     results = executor.score([RewardRequest(data_source, text, ground_truth, extra_info), ...])
-    executor.metrics()   # {"reward/num_errors": ..., "reward/num_timeouts": ...}
+    executor.metrics()   # {"reward/num_scored": ..., "reward/num_errors": ..., "reward/num_timeouts": ..., ...}
     executor.close()
 
-A scorer that raises, returns garbage, kills its process or runs past `timeout_s` gives score 0 and is
-counted; a timed-out worker is killed and replaced. Workers are separate processes (spawned, so they do
-not inherit torch or Ray state) because a hung Python thread cannot be stopped. A worker that cannot
-start (it dies, or does not load the reward function within `startup_timeout_s`) is an environment
-problem, not a bad sample: it raises, naming the function, instead of timing out sample after sample.
+The constructor starts the scoring processes and waits until each has loaded the function (within
+`import_timeout_s`), so an executor that exists can score, and one built before Ray starts is that run's check
+of the reward file: a module that hangs, exits or raises at import raises `RewardLoadError` naming it. No
+reward code runs in the caller's process. `check_reward_function` (asyncrl.rewards.startup) is the same check
+without keeping the processes.
+
+A sample whose function raises, returns garbage or a non-finite number, kills its process or runs past
+`timeout_s` scores 0 and is counted. Every busy process has its own deadline and all are waited on together,
+so hung samples on different processes cost one timeout, not one each; `max_batch_s` bounds a whole `score`
+call (every sample not scored by then scores 0 as a timeout). A process that timed out or died, busy or idle,
+is replaced without stopping the others; a sample whose process had died before it was sent is sent again.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import logging
+import math
+import os
+import sys
 import time
-from multiprocessing.connection import Connection, wait
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Optional
 
-from asyncrl.rewards.loader import load_reward_function
-from asyncrl.rewards.protocol import RewardRequest, RewardResult, to_result
+from asyncrl.rewards.limits import ScoringLimits
+from asyncrl.rewards.process import Phase, ScoringProcess, stop_all
+from asyncrl.rewards.protocol import Failure, RewardRequest, RewardResult
+from asyncrl.rewards.startup import DEFAULT_IMPORT_TIMEOUT_S, spawn_context, start_scoring_processes
 
+logger = logging.getLogger(__name__)
 
-READY = "ready"
-# Spawned processes re-import the script that started the run: one without an `if __name__ == "__main__":`
-# guard starts the run again in every scoring process, which then never serves.
-MAIN_GUARD_HINT = ("if a script of yours starts the run, guard it with `if __name__ == \"__main__\":` "
-                   "(scoring processes are spawned and re-import the main module)")
-
-
-def worker_main(spec: str, connection: Connection) -> None:
-    function = load_reward_function(spec)
-    connection.send(READY)
-    while True:
-        request = connection.recv()
-        if request is None:
-            return
-        try:
-            value = function(request.data_source, request.solution_str, request.ground_truth, request.extra_info)
-            result = to_result(value)
-        except Exception as error:  # a user function may raise anything: it scores 0 and is counted
-            result = RewardResult(score=0.0, error=f"{type(error).__name__}: {error}")
-        connection.send(result)
+# More scoring processes than this per CPU only adds memory and start-up time: scorers are CPU-bound, and an
+# I/O-bound one (a remote judge) is better written as `async def`.
+MAX_WORKERS_PER_CPU = 4
 
 
-class ScoringWorker:
-    def __init__(self, context, spec: str):
-        self.connection, child_end = context.Pipe()
-        self.process = context.Process(target=worker_main, args=(spec, child_end), daemon=True)
-        self.process.start()
-        child_end.close()
-        self.task_index: int | None = None
-        self.deadline = 0.0
+def available_cpus() -> int:
+    # The CPUs this process may run on (a container's or a job's share) where the OS says; else the host's.
+    return len(os.sched_getaffinity(0)) if sys.platform == "linux" else (os.cpu_count() or 1)
 
-    def wait_ready(self, spec: str, timeout_s: float) -> None:
-        """Block until the process loaded the reward function; raise, naming it, if it died or took longer
-        than `timeout_s`."""
-        try:
-            if self.connection.poll(timeout_s) and self.connection.recv() == READY:
-                return
-            problem = f"did not load it within {timeout_s:.0f}s"
-        except (EOFError, OSError):
-            self.process.join(timeout=5)
-            problem = f"died while loading it (exit code {self.process.exitcode})"
-        self.kill()
-        raise RuntimeError(f"reward function {spec}: a scoring process {problem}; {MAIN_GUARD_HINT}")
 
-    def submit(self, task_index: int, request: RewardRequest, timeout_s: float) -> None:
-        self.task_index = task_index
-        self.deadline = time.monotonic() + timeout_s
-        self.connection.send(request)
+def bounded_num_workers(num_workers: int) -> int:
+    if num_workers < 1:
+        raise ValueError(f"reward num_workers must be >= 1, got {num_workers}")
+    num_cpus = available_cpus()
+    bound = MAX_WORKERS_PER_CPU * num_cpus
+    if num_workers > bound:
+        logger.warning("reward num_workers=%d is more than %d scoring processes per CPU on this host (%d CPUs); "
+                       "starting %d", num_workers, MAX_WORKERS_PER_CPU, num_cpus, bound)
+        return bound
+    return num_workers
 
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.join(timeout=5)
-        self.connection.close()
+
+@dataclass
+class RewardCounters:
+    """Cumulative since the executor started. A non-finite score is an error, and is also counted on its own."""
+    num_scored: int = 0
+    num_errors: int = 0
+    num_nonfinite: int = 0
+    num_timeouts: int = 0
+    num_restarts: int = 0   # processes replaced after a timeout or a death (idle deaths cost no sample)
+
+    def count(self, result: RewardResult) -> None:
+        self.num_scored += 1
+        self.num_errors += result.failure in (Failure.ERROR, Failure.NONFINITE)
+        self.num_nonfinite += result.failure is Failure.NONFINITE
+        self.num_timeouts += result.failure is Failure.TIMEOUT
+
+    def as_metrics(self) -> dict[str, float]:
+        return {"reward/num_scored": self.num_scored, "reward/num_errors": self.num_errors,
+                "reward/num_nonfinite": self.num_nonfinite, "reward/num_timeouts": self.num_timeouts,
+                "reward/num_restarts": self.num_restarts}
 
 
 class RewardExecutor:
-    def __init__(self, spec: str, timeout_s: float, num_workers: int = 1, startup_timeout_s: float = 120.0):
-        load_reward_function(spec)  # fail now, in the caller, if the spec does not resolve
+    """A pool of scoring processes for one reward function.
+
+    timeout_s         wall time per sample
+    num_workers       scoring processes, at most MAX_WORKERS_PER_CPU per available CPU (more: a warning)
+    import_timeout_s  wall time for a process to start and load the function
+    max_batch_s       wall time per `score` call; None: unbounded (ceil(samples / workers) x timeout_s at worst)
+    max_memory_mb     memory a process may allocate beyond its start-up (see ScoringLimits); None: unlimited
+    max_cpu_s         CPU seconds per sample; None: unlimited
+    """
+
+    def __init__(self, spec: str, timeout_s: float, num_workers: int = 1, *,
+                 import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S, max_batch_s: Optional[float] = None,
+                 max_memory_mb: Optional[float] = None, max_cpu_s: Optional[float] = None):
+        for name, value in (("timeout_s", timeout_s), ("import_timeout_s", import_timeout_s),
+                            ("max_batch_s", max_batch_s)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"reward {name} must be a positive number, got {value}")
         self.spec = spec
         self.timeout_s = timeout_s
-        self.startup_timeout_s = startup_timeout_s
-        self.num_workers = num_workers
-        self.context = multiprocessing.get_context("spawn")
-        self.workers: list[ScoringWorker] = []
-        self.num_scored = 0
-        self.num_errors = 0
-        self.num_timeouts = 0
-        self.last_error = ""
+        self.import_timeout_s = import_timeout_s
+        self.max_batch_s = max_batch_s
+        self.limits = ScoringLimits(max_memory_mb=max_memory_mb, max_cpu_s=max_cpu_s)
+        self.context = spawn_context()
+        self.counters = RewardCounters()
+        self.processes = start_scoring_processes(spec, bounded_num_workers(num_workers), self.limits,
+                                                 import_timeout_s)
+
+    def pids(self) -> list[int]:
+        """The scoring processes' ids, for logs and fault tests."""
+        return [process.pid for process in self.processes]
 
     def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
         """Scores in request order."""
-        started = [ScoringWorker(self.context, self.spec)
-                   for _ in range(min(self.num_workers, len(requests)) - len(self.workers))]
-        self.workers += started  # first all started, then waited for: they load concurrently
-        for worker in started:
-            worker.wait_ready(self.spec, self.startup_timeout_s)
-        results: list[RewardResult | None] = [None] * len(requests)
-        next_task = 0
-        idle = list(self.workers)
-        busy: list[ScoringWorker] = []
-        while next_task < len(requests) or busy:
-            while idle and next_task < len(requests):
-                worker = idle.pop()
-                worker.submit(next_task, requests[next_task], self.timeout_s)
-                busy.append(worker)
-                next_task += 1
-            earliest = min(worker.deadline for worker in busy)
-            ready = wait([worker.connection for worker in busy], timeout=max(0.0, earliest - time.monotonic()))
-            for worker in list(busy):
-                if worker.connection in ready:
-                    result, healthy = self.receive(worker)
-                elif time.monotonic() >= worker.deadline:
-                    result, healthy = RewardResult(0.0, error=f"timeout after {self.timeout_s}s"), False
-                else:
-                    continue
-                results[worker.task_index] = result
-                busy.remove(worker)
-                idle.append(worker if healthy else self.replace(worker))
-        self.count(results)
+        if not self.processes:
+            raise RuntimeError(f"reward executor for {self.spec or 'the built-in scorer'} is closed")
+        results: list[Optional[RewardResult]] = [None] * len(requests)
+        waiting = deque(range(len(requests)))
+        batch_deadline = math.inf if self.max_batch_s is None else time.monotonic() + self.max_batch_s
+        while waiting or self.busy():
+            self.dispatch(waiting, requests)
+            self.wait_for_any(batch_deadline)
+            for slot, process in enumerate(self.processes):
+                self.collect(slot, process, results)
+            if time.monotonic() >= batch_deadline:
+                self.abandon(waiting, results)
+        for result in results:
+            self.counters.count(result)
         return results
 
-    def receive(self, worker: ScoringWorker) -> tuple[RewardResult, bool]:
-        """The worker's result, and whether the worker can take another sample."""
-        try:
-            return worker.connection.recv(), True
-        except (EOFError, OSError):
-            worker.process.join(timeout=5)
-            return RewardResult(0.0, error=f"scoring process died (exit code {worker.process.exitcode})"), False
+    def busy(self) -> list[ScoringProcess]:
+        return [process for process in self.processes if process.phase is Phase.BUSY]
 
-    def replace(self, worker: ScoringWorker) -> ScoringWorker:
-        worker.kill()
-        fresh = ScoringWorker(self.context, self.spec)
-        self.workers[self.workers.index(worker)] = fresh
-        fresh.wait_ready(self.spec, self.startup_timeout_s)
-        return fresh
-
-    def count(self, results: list[RewardResult]) -> None:
-        self.num_scored += len(results)
-        for result in results:
-            if result.error is None:
+    def dispatch(self, waiting: deque[int], requests: list[RewardRequest]) -> None:
+        for slot, process in enumerate(self.processes):
+            if not waiting or process.phase is not Phase.IDLE:
                 continue
-            if result.error.startswith("timeout"):
-                self.num_timeouts += 1
-            else:
-                self.num_errors += 1
-            self.last_error = result.error
+            if process.submit(waiting[0], requests[waiting[0]], self.timeout_s):
+                waiting.popleft()
+            else:  # it died while idle: the request stays first in line for the next process that is ready
+                logger.warning("scoring process %d of %s %s while idle; starting another", process.pid,
+                               self.spec or "the built-in scorer", process.exit_description())
+                self.replace(slot)
+
+    def wait_for_any(self, batch_deadline: float) -> None:
+        """Until a busy or loading process answers, or the earliest deadline (a sample's, an import's or the
+        batch's) passes."""
+        watched = [process for process in self.processes if process.phase is not Phase.IDLE]
+        if not watched:
+            return
+        deadline = min(batch_deadline, *(process.deadline for process in watched))
+        wait([process.connection for process in watched], timeout=max(0.0, deadline - time.monotonic()))
+
+    def collect(self, slot: int, process: ScoringProcess, results: list[Optional[RewardResult]]) -> None:
+        """Take a result, a finished load, a death or a passed deadline from one process."""
+        is_readable = process.connection.poll()
+        if not is_readable and time.monotonic() < process.deadline:
+            return
+        if process.phase is Phase.LOADING:
+            process.finish_loading()  # a replacement that can no longer load the function: RewardLoadError
+        elif process.phase is Phase.BUSY:
+            result = process.receive() if is_readable else RewardResult.failed(
+                Failure.TIMEOUT, f"timeout after {self.timeout_s:g}s")
+            if result is None:
+                result = process.died_result()
+            results[process.task_index] = result
+            if process.phase is Phase.BUSY:  # timed out or died
+                self.replace(slot)
+
+    def abandon(self, waiting: deque[int], results: list[Optional[RewardResult]]) -> None:
+        """Past `max_batch_s`: every sample not scored yet scores 0 as a timeout; busy processes are replaced."""
+        timeout = RewardResult.failed(Failure.TIMEOUT, f"timeout: the batch ran past max_batch_s={self.max_batch_s:g}s")
+        for index in waiting:
+            results[index] = timeout
+        waiting.clear()
+        for slot, process in enumerate(self.processes):
+            if process.phase is Phase.BUSY:
+                results[process.task_index] = timeout
+                self.replace(slot)
+
+    def replace(self, slot: int) -> None:
+        """Kill the process in `slot` and start another; it loads while the others go on scoring."""
+        self.processes[slot].kill()
+        self.processes[slot] = ScoringProcess(self.context, self.spec, self.limits, self.import_timeout_s)
+        self.counters.num_restarts += 1
 
     def metrics(self) -> dict[str, float]:
         """Cumulative counters since the executor started."""
-        return {"reward/num_scored": self.num_scored, "reward/num_errors": self.num_errors,
-                "reward/num_timeouts": self.num_timeouts}
+        return self.counters.as_metrics()
 
     def close(self) -> None:
-        for worker in self.workers:
-            try:
-                worker.connection.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-            worker.process.join(timeout=2)
-            if worker.process.is_alive():
-                worker.kill()
-        self.workers = []
+        stop_all(self.processes)
+        self.processes = []
