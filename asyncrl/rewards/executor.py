@@ -116,6 +116,9 @@ class RewardExecutor:
         """Scores in request order."""
         if not self.processes:
             raise RuntimeError(f"reward executor for {self.spec or 'the built-in scorer'} is closed")
+        for slot, process in enumerate(self.processes):
+            if process.phase is Phase.BUSY:  # left by a call that was interrupted: its answer belongs to no request
+                self.replace(slot)
         results: list[Optional[RewardResult]] = [None] * len(requests)
         waiting = deque(range(len(requests)))
         batch_deadline = math.inf if self.max_batch_s is None else time.monotonic() + self.max_batch_s

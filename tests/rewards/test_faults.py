@@ -30,6 +30,11 @@ def allocates(data_source, solution_str, ground_truth, extra_info=None):
     ballast = bytearray(2 ** 34 if solution_str == "huge" else 2 ** 20)
     return float(len(ballast) > 0)
 
+def sleeps_then_scores_length(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str.startswith("slow"):
+        time.sleep(2)
+    return float(len(solution_str))
+
 def spins(data_source, solution_str, ground_truth, extra_info=None):
     while solution_str == "spin":
         pass
@@ -118,6 +123,32 @@ def test_hung_samples_on_two_processes_cost_one_timeout_not_two(tmp_path):
         assert executor.metrics()["reward/num_timeouts"] == 2
         assert scores(executor.score(requests("fast", "fast"))) == [1.0, 1.0]
     finally:
+        executor.close()
+
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupt(signal_number, frame):
+    raise Interrupted
+
+
+def test_a_score_call_interrupted_midway_leaves_no_stale_answer_for_the_next(scorers):
+    """A KeyboardInterrupt (a second Ctrl-C) out of `score` leaves processes busy with requests of no batch;
+    the next call must neither wait for nor take their answers (here for indexes it does not have)."""
+    executor = RewardExecutor(f"{scorers}:sleeps_then_scores_length", timeout_s=30, num_workers=2)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(Interrupted):
+            executor.score(requests("slow-first", "slow-second"))
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        assert scores(executor.score(requests("abc"))) == [3.0]
+        assert executor.metrics()["reward/num_restarts"] == 2
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
         executor.close()
 
 
