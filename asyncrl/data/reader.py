@@ -3,7 +3,8 @@
 Schema of a row: `prompt` (chat messages `[{"role", "content"}]`; a plain string is taken as one user
 message), `data_source` (str, picks the built-in scorer), `reward_model.ground_truth` (a string, number,
 list or mapping; a row may leave out `reward_model` when its reward function needs no answer), `extra_info`
-(dict). A malformed row raises `DatasetError` naming the file and the row.
+(dict). A malformed row raises `DatasetError` naming the file and the row; a file that is not UTF-8 or not
+JSON names the file and the line.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from asyncrl.data.records import PromptRecord
 
 ROLES = ("system", "user", "assistant", "tool")
 GROUND_TRUTH_TYPES = (str, int, float, list, dict)  # what JSON and parquet give and the scorers read
+BYTE_ORDER_MARK = "\ufeff"  # editors on Windows start UTF-8 files with it; JSON does not allow it
 
 
 class DatasetError(ValueError):
@@ -48,21 +50,53 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
         except Exception as error:  # pyarrow raises several unrelated types for a bad file
             raise DatasetError(f"dataset file {path} is not a readable parquet file: {error}") from None
     if suffix == ".jsonl":
-        rows = []
-        for line_number, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise DatasetError(f"{path}: line {line_number} is not valid JSON: {error}") from None
-        return rows
+        return read_json_lines(path)
     if suffix == ".json":
-        rows = json.loads(path.read_text())
-        if not isinstance(rows, list):
-            raise DatasetError(f"{path}: a .json dataset must hold a list of rows")
-        return rows
+        return read_json_list(path)
     raise DatasetError(f"dataset file {path}: unsupported format {suffix!r}; use .parquet, .jsonl or .json")
+
+
+def read_json_lines(path: Path) -> list[Any]:
+    """One JSON value per line. Lines are split at b"\n" only: str.splitlines would also split at U+2028 and
+    other separators that JSON allows unescaped inside a string."""
+    rows = []
+    for line_number, raw_line in enumerate(path.read_bytes().split(b"\n"), start=1):
+        line = decode_utf8(raw_line, path, first_line=line_number)
+        if line_number == 1:
+            line = line.removeprefix(BYTE_ORDER_MARK)
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise DatasetError(f"{path}: line {line_number} is not valid JSON: {error}") from None
+    return rows
+
+
+def read_json_list(path: Path) -> list[Any]:
+    text = decode_utf8(path.read_bytes(), path, first_line=1).removeprefix(BYTE_ORDER_MARK)
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as error:
+        # "Extra data" after a first complete value is the usual sign of JSON Lines saved as .json.
+        hint = "; one row per line is JSON Lines: name the file .jsonl" if error.msg == "Extra data" else ""
+        raise DatasetError(f"{path}: not valid JSON at line {error.lineno}, column {error.colno}: "
+                           f"{error.msg}{hint}") from None
+    if not isinstance(rows, list):
+        raise DatasetError(f"{path}: a .json dataset must hold a list of rows")
+    return rows
+
+
+def decode_utf8(data: bytes, path: Path, first_line: int) -> str:
+    """`data` as UTF-8 text; otherwise a DatasetError naming the file, the line and the column of the first bad
+    byte (`first_line` is the line `data` starts on)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = first_line + data.count(b"\n", 0, error.start)
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise DatasetError(f"{path}: line {line} is not UTF-8 text (byte 0x{data[error.start]:02x} at column "
+                           f"{column}); save the file as UTF-8") from None
 
 
 def parse_row(row: Any, path: Path, index: int, prompt_key: str) -> PromptRecord:
@@ -114,5 +148,15 @@ def parse_messages(value: Any, where: str, prompt_key: str) -> list[dict[str, st
             raise DatasetError(f"{where}: {prompt_key}[{position}] has role {message['role']!r}; valid: {ROLES}")
         if not isinstance(message["content"], str):
             raise DatasetError(f"{where}: {prompt_key}[{position}].content must be a string")
+        check_encodable(message["content"], f"{where}: {prompt_key}[{position}].content")
         messages.append({"role": message["role"], "content": message["content"]})
     return messages
+
+
+def check_encodable(text: str, where: str) -> None:
+    """JSON's "\\ud800" escape gives a string with an unpaired surrogate, which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise DatasetError(f"{where} holds an unpaired surrogate {text[error.start]!r} at character {error.start}, "
+                           "which is not text (an escape such as \\ud83d without its pair)") from None

@@ -9,19 +9,21 @@
 
 Our parameter names equal HF's, so loading is a name match; anything missing, unexpected or of the wrong shape
 raises before a single weight is copied. Models are built on the meta device and then materialised once, so
-loading a 7B model does not first run a random init.
+loading a 7B model does not first run a random init. A damaged weight file (truncated, a bad header) or shard
+index raises ValueError naming the file and, where the header tells, the tensor.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
@@ -39,6 +41,11 @@ TOKENIZER_FILES = (
     "chat_template.jinja", "chat_template.json",
 )
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+SAFETENSORS_DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32,
+    "F32": 32, "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+}
 
 Model = CausalLM | ValueModel
 
@@ -112,7 +119,7 @@ def _skipped_names(model: Model, kind: str, stored_kind: str) -> tuple[set[str],
 def _weight_files(folder: Path) -> list[Path]:
     index_path = folder / WEIGHTS_INDEX_FILE
     if index_path.is_file():
-        weight_map = json.loads(index_path.read_text())["weight_map"]
+        weight_map = _read_weight_map(index_path)
         files = [folder / name for name in sorted(set(weight_map.values()))]
         for path in files:
             if not path.is_file():
@@ -125,15 +132,77 @@ def _weight_files(folder: Path) -> list[Path]:
         "(only safetensors checkpoints are supported)")
 
 
+def _read_weight_map(index_path: Path) -> dict[str, str]:
+    try:
+        index = json.loads(index_path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{index_path} is not valid JSON ({error}); download it again") from None
+    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):  # a file, not our config
+        raise ValueError(f"{index_path} has no weight_map object (tensor name -> shard file); download it again")
+    return index["weight_map"]
+
+
+def _read_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} from a safetensors header; a damaged file raises ValueError naming it (and the tensor
+    the damage is in, where the header says)."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+    except SafetensorError as error:
+        raise ValueError(f"{path} is not a readable safetensors file: {_describe_damage(path) or error}; download "
+                         "or save it again") from None
+
+
+def _describe_damage(path: Path) -> str | None:
+    """What is wrong with a safetensors file that safetensors refused, read from its layout: 8 bytes of header
+    length, a JSON header {name: {dtype, shape, data_offsets}}, then the tensors' bytes back to back. None when
+    the layout looks right (safetensors' own message is used then)."""
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        header_length = int.from_bytes(file.read(8), "little")
+        if size < 8:
+            return f"the file has {size} bytes, fewer than the 8 that hold a header's length (empty or truncated)"
+        if 8 + header_length > size:
+            return (f"the file has {size} bytes, too few for the header its first 8 bytes announce "
+                    f"({header_length} bytes): truncated, or not a safetensors file")
+        try:
+            header = json.loads(file.read(header_length).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            return f"its header is not valid JSON ({error})"
+    if not isinstance(header, dict):
+        return f"its header is a JSON {type(header).__name__}, not an object"
+    entries = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = entry["data_offsets"]
+            entries.append((name, entry["dtype"], list(entry["shape"]), int(begin), int(end)))
+        except (KeyError, TypeError, ValueError) as error:
+            return f"the header entry of tensor {name} is malformed ({type(error).__name__}: {error})"
+    data_size, end = size - 8 - header_length, 0
+    for name, dtype, shape, begin, end in sorted(entries, key=lambda item: item[4]):
+        if end > data_size:
+            return (f"tensor {name} ends at byte {8 + header_length + end} but the file has only {size} bytes "
+                    "(truncated: an interrupted download or save)")
+        if dtype not in SAFETENSORS_DTYPE_BITS:
+            return f"tensor {name} has dtype {dtype!r}, which safetensors does not know"
+        expected = -(-math.prod(shape) * SAFETENSORS_DTYPE_BITS[dtype] // 8)
+        if end - begin != expected:
+            return (f"tensor {name} ({dtype}, shape {shape}) needs {expected} bytes but its header gives it "
+                    f"{end - begin} (data_offsets {[begin, end]})")
+    if end < data_size:
+        return f"{data_size - end} bytes follow the last tensor's data (a file appended to, or overwritten)"
+    return None
+
+
 def _match_weights(model: Model, folder: Path, ignored: set[str], optional: set[str]) -> dict[str, Path]:
     """{parameter name: file holding it}, after checking every name and shape across all files. Names in
     `ignored` are skipped when present in the files; parameters in `optional` may be absent from them."""
     parameters = dict(model.named_parameters())  # a tied lm_head appears only as the embedding
     file_shapes: dict[str, tuple[Path, tuple[int, ...]]] = {}
     for path in _weight_files(folder):
-        with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():
-                file_shapes[name] = (path, tuple(handle.get_slice(name).get_shape()))
+        file_shapes.update({name: (path, shape) for name, shape in _read_shapes(path).items()})
     # Old checkpoints store the RoPE buffer; it is recomputed from the config.
     names = {name for name in file_shapes if name not in ignored and not name.endswith("rotary_emb.inv_freq")}
     missing = sorted(set(parameters) - names - optional)

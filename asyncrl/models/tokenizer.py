@@ -6,7 +6,7 @@ template (`<|user|>2+3=<|assistant|>`): CPU demos are sensitive to sequence leng
 of markup instead of the five or so of ChatML.
 
     save_char_tokenizer("tiny_model/")
-    tokenizer = load_tokenizer("tiny_model/")     # transformers.AutoTokenizer under the hood
+    tokenizer = load_tokenizer("tiny_model/")     # transformers under the hood; damaged files are named
     tokenizer.apply_chat_template([{"role": "user", "content": "2+3="}], add_generation_prompt=True,
                                   tokenize=False)  # '<|user|>2+3=<|assistant|>'
     check_tokenizer_fits_model(tokenizer, "tiny_model/", read_config("tiny_model/")[0], "tiny_model/")
@@ -43,6 +43,11 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}" + ASSISTANT_TOKEN + "{%- endif -%}"
 )
 TOKENIZER_FILE_NAMES = ("tokenizer.json", "tokenizer_config.json")
+# JSON files of a tokenizer folder that transformers reads; tokenizer.json is checked by the tokenizers library.
+TOKENIZER_JSON_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.json",
+                        "vocab.json")
+# Declared classes that mean "tokenizer.json as it is"; None is a folder without a declared class.
+GENERIC_TOKENIZER_CLASSES = (None, "PreTrainedTokenizerFast", "TokenizersBackend")
 
 
 def char_vocab_size() -> int:
@@ -96,8 +101,13 @@ def save_char_tokenizer(folder: str | Path, model_max_length: int = 512) -> Path
 
 
 def load_tokenizer(folder: str | Path) -> Any:
-    """`transformers.AutoTokenizer.from_pretrained(folder)` after checking the folder holds tokenizer files.
+    """The folder's tokenizer through transformers, after checking that the folder holds tokenizer files and that
+    each of them parses; a damaged file raises ValueError naming it.
 
+    A folder whose tokenizer_config.json names no model-specific class (or the generic PreTrainedTokenizerFast /
+    TokenizersBackend) loads tokenizer.json as it is. AutoTokenizer in transformers 5 instead picks the class of
+    config.json's model_type when one sits in the same folder, and Qwen2Tokenizer rebuilds the pipeline from the
+    vocabulary alone: in a qwen2 folder the character tokenizer then lost every space and non-ASCII character.
     transformers is imported here, not at module top, so that `asyncrl.models` imports without it.
     """
     folder = Path(folder)
@@ -109,9 +119,44 @@ def load_tokenizer(folder: str | Path) -> Any:
         raise ValueError(
             f"tokenizer folder {folder} lacks tokenizer files: expected tokenizer.json "
             "(or vocab.json + merges.txt, or tokenizer.model), normally with tokenizer_config.json")
-    from transformers import AutoTokenizer
+    parsed = {name: read_json_object(folder / name) for name in TOKENIZER_JSON_FILES if (folder / name).is_file()}
+    if has_fast:
+        check_tokenizer_json(folder / "tokenizer.json")
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    return AutoTokenizer.from_pretrained(str(folder))
+    # Optional keys of a downloaded file, not our config.
+    declared_class = parsed.get("tokenizer_config.json", {}).get("tokenizer_class")
+    loader = PreTrainedTokenizerFast if has_fast and declared_class in GENERIC_TOKENIZER_CLASSES else AutoTokenizer
+    try:
+        return loader.from_pretrained(str(folder))
+    except Exception as error:  # transformers and tokenizers raise many unrelated types for a bad folder
+        raise ValueError(f"tokenizer folder {folder} cannot be loaded by transformers: "
+                         f"{type(error).__name__}: {error}") from None
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding an object; ValueError naming the file (and the line) otherwise."""
+    try:
+        content = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
+                         f"{error.start}); restore the file") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}); "
+                         "restore the file") from None
+    if not isinstance(content, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(content).__name__}; restore the file")
+    return content
+
+
+def check_tokenizer_json(path: Path) -> None:
+    """Parses tokenizer.json with the tokenizers library alone, so that a damaged or too-new file is named
+    (transformers' own error names neither the file nor the folder)."""
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as error:  # the Rust side raises a bare Exception
+        raise ValueError(f"{path} is not a tokenizer file the tokenizers library can read ({error}); restore the "
+                         "file, or upgrade tokenizers if it was written by a newer release") from None
 
 
 def check_tokenizer_fits_model(tokenizer: Any, tokenizer_folder: str | Path, model_config: TransformerConfig,

@@ -159,7 +159,8 @@ def test_prompt_dataset_applies_template_and_overlong_policy(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="asyncrl")
     dataset = PromptDataset.from_files([str(path)], tokenizer, load_config(None, base).data)
     assert dataset.num_dropped == 1 and len(dataset) == 2
-    assert f"dropped 1 of 3 prompts of {path} longer than data.max_prompt_length={limit}" in caplog.text
+    assert (f"dropped 1 of 3 prompts of {path} longer than data.max_prompt_length={limit} (the longest has 12 "
+            "tokens)") in caplog.text
     assert tokenizer.decode(dataset[0].prompt_ids) == "<|user|>1+1=<|assistant|>"
     assert dataset[1].record.prompt_id == "p.jsonl:2"
     left = PromptDataset.from_files([str(path)], tokenizer, load_config(
@@ -174,7 +175,10 @@ def test_prompt_dataset_applies_template_and_overlong_policy(tmp_path, caplog):
     with pytest.raises(DatasetError, match=r"p\.jsonl:1: prompt has \d+ tokens, more than data\.max_prompt_length"):
         PromptDataset.from_files([str(path)], tokenizer, load_config(
             None, base + ["data.filter_overlong_prompts=false"]).data)
-    with pytest.raises(DatasetError, match=re.escape(f"{path}: no prompt left after dropping 3 overlong prompts")):
+    # One token per character plus two of markup (<|user|>, <|assistant|>): 1+1= 6, 9= 4, 12345+678= 12.
+    with pytest.raises(DatasetError, match=re.escape(
+            f"{path}: no prompt left after dropping 3 prompts longer than data.max_prompt_length=2 tokens (chat "
+            "template included): the shortest has 4 tokens, the longest 12; raise data.max_prompt_length")):
         PromptDataset.from_files([str(path)], tokenizer, load_config(None, ["data.max_prompt_length=2"]).data)
     with pytest.raises(DatasetError, match=r"no dataset files given \(data\.train_files / data\.val_files is empty\)"):
         PromptDataset.from_files([], tokenizer, load_config(None, base).data)

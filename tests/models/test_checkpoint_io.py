@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -178,3 +179,60 @@ def test_unsupported_architecture_names_the_file(family_folders, tmp_path):
     hf_config.update(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe")
     config_path.write_text(json.dumps(hf_config))
     _assert_both_raise(tmp_path / "moe", rf"{config_path}: architectures=\['Qwen2MoeForCausalLM'\] is not supported")
+
+
+def _rewrite_header(path, edit) -> None:
+    """Rewrites a safetensors file's JSON header through `edit(header)`, keeping its tensor bytes."""
+    data = path.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    edit(header)
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    path.write_bytes(len(encoded).to_bytes(8, "little") + encoded + data[8 + length:])
+
+
+def test_a_damaged_safetensors_file_is_named_with_the_tensor_the_damage_is_in(family_folders, tmp_path):
+    source = family_folders["qwen2_bias_tied"]
+    weights = "model.safetensors"
+    cases = {}
+    shutil.copytree(source, tmp_path / "truncated")
+    header_length = int.from_bytes((source / weights).read_bytes()[:8], "little")
+    header = json.loads((source / weights).read_bytes()[8:8 + header_length])
+    last_name, last = max(((name, entry) for name, entry in header.items() if name != "__metadata__"),
+                          key=lambda item: item[1]["data_offsets"][1])
+    size = (source / weights).stat().st_size
+    with open(tmp_path / "truncated" / weights, "r+b") as file:  # an interrupted download: the last 100 bytes
+        file.truncate(size - 100)
+    cases["truncated"] = (rf"tensor {re.escape(last_name)} ends at byte {size} but the file has only {size - 100} "
+                          r"bytes \(truncated: an interrupted download or save\)")
+    shutil.copytree(source, tmp_path / "cut_in_header")
+    with open(tmp_path / "cut_in_header" / weights, "r+b") as file:
+        file.truncate(50)
+    cases["cut_in_header"] = (rf"the file has 50 bytes, too few for the header its first 8 bytes announce "
+                              rf"\({header_length} bytes\): truncated, or not a safetensors file")
+    shutil.copytree(source, tmp_path / "empty")
+    (tmp_path / "empty" / weights).write_bytes(b"")
+    cases["empty"] = r"the file has 0 bytes, fewer than the 8 that hold a header's length \(empty or truncated\)"
+    shutil.copytree(source, tmp_path / "bad_dtype")
+    _rewrite_header(tmp_path / "bad_dtype" / weights, lambda header: header[last_name].update(dtype="Q9"))
+    cases["bad_dtype"] = rf"tensor {re.escape(last_name)} has dtype 'Q9', which safetensors does not know"
+    shutil.copytree(source, tmp_path / "bad_shape")
+    _rewrite_header(tmp_path / "bad_shape" / weights, lambda header: header[last_name].update(shape=[3]))
+    begin, end = last["data_offsets"]
+    cases["bad_shape"] = (rf"tensor {re.escape(last_name)} \(F32, shape \[3\]\) needs 12 bytes but its header gives "
+                          rf"it {end - begin} \(data_offsets \[{begin}, {end}\]\)")
+    for case, detail in cases.items():
+        _assert_both_raise(tmp_path / case, rf"{re.escape(str(tmp_path / case / weights))} is not a readable "
+                                            rf"safetensors file: {detail}; download or save it again")
+
+
+def test_a_damaged_shard_index_is_named(family_folders, tmp_path):
+    model = load_model(family_folders["qwen2_bias_tied"])
+    save_model(model, tmp_path / "sharded", max_shard_bytes=40_000)
+    index_path = tmp_path / "sharded" / "model.safetensors.index.json"
+    index_path.write_text('{"weight_map": {')
+    _assert_both_raise(tmp_path / "sharded", rf"{re.escape(str(index_path))} is not valid JSON \(Expecting "
+                                             r"property name .* line 1 column 17")
+    index_path.write_text('{"metadata": {}}')
+    _assert_both_raise(tmp_path / "sharded", rf"{re.escape(str(index_path))} has no weight_map object")

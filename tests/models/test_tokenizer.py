@@ -1,12 +1,15 @@
-"""The character tokenizer through transformers.AutoTokenizer: ids, chat template, round trips."""
+"""The character tokenizer through transformers: ids, chat template, round trips; damaged files are named."""
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 import string
 
 import pytest
 
-from asyncrl.models import char_vocab_size, load_tokenizer, save_char_tokenizer
+from asyncrl.models import build_tiny_model, char_vocab_size, load_tokenizer, save_char_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +59,49 @@ def test_load_tokenizer_names_a_folder_without_files(tmp_path):
         load_tokenizer(tmp_path)
     with pytest.raises(ValueError, match="does not exist"):
         load_tokenizer(tmp_path / "absent")
+
+
+def test_a_model_folder_loads_the_character_tokenizer_as_saved(tmp_path):
+    """A qwen2 folder: transformers' AutoTokenizer would rebuild the tokenizer as Qwen2Tokenizer from config.json's
+    model_type, which drops spaces, tabs, newlines and every non-ASCII character."""
+    tokenizer = load_tokenizer(build_tiny_model(tmp_path / "qwen2", family="qwen2"))
+    text = "3 5\t7\n-> 22 é"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) == len(text)
+    assert ids[1] == tokenizer.convert_tokens_to_ids(" ") and ids[-1] == tokenizer.unk_token_id
+    assert tokenizer.decode(ids) == "3 5\t7\n-> 22 <|unk|>"
+    assert tokenizer.chat_template is not None and tokenizer.eos_token == "<|endoftext|>"
+
+
+def copy_with(source, destination, file_name, content: bytes):
+    shutil.copytree(source, destination)
+    (destination / file_name).write_bytes(content)
+    return destination
+
+
+def test_a_damaged_tokenizer_file_is_named(tmp_path):
+    source = save_char_tokenizer(tmp_path / "good")
+    good_json = (source / "tokenizer.json").read_bytes()
+    truncated = copy_with(source, tmp_path / "truncated", "tokenizer.json", good_json[:500])
+    with pytest.raises(ValueError, match=(
+            rf"{re.escape(str(truncated / 'tokenizer.json'))} is not a tokenizer file the tokenizers library can "
+            r"read \(EOF while parsing .* at line \d+ column \d+\); restore the file, or upgrade tokenizers")):
+        load_tokenizer(truncated)
+    unknown_model = json.loads(good_json)
+    unknown_model["model"]["type"] = "FutureModel"
+    newer = copy_with(source, tmp_path / "newer", "tokenizer.json", json.dumps(unknown_model).encode())
+    with pytest.raises(ValueError, match=rf"{re.escape(str(newer / 'tokenizer.json'))} is not a tokenizer file"):
+        load_tokenizer(newer)
+    config = copy_with(source, tmp_path / "config", "tokenizer_config.json", b'{\n  "eos_token": "<|endof')
+    with pytest.raises(ValueError, match=(
+            rf"{re.escape(str(config / 'tokenizer_config.json'))} is not valid JSON \(line 2, column 16: "
+            r"Unterminated string starting at\); restore the file")):
+        load_tokenizer(config)
+    latin1 = copy_with(source, tmp_path / "latin1", "special_tokens_map.json", '{"x": "é"}'.encode("latin-1"))
+    with pytest.raises(ValueError, match=(rf"{re.escape(str(latin1 / 'special_tokens_map.json'))} is not UTF-8 text "
+                                          r"\(byte 0xe9 at offset 7\)")):
+        load_tokenizer(latin1)
+    listed = copy_with(source, tmp_path / "listed", "tokenizer_config.json", b"[]")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(listed / 'tokenizer_config.json'))} must hold a JSON "
+                                         r"object, got list"):
+        load_tokenizer(listed)
