@@ -71,8 +71,10 @@ def load_file(path: Path) -> ModuleType:
 
 
 def last_line(error: BaseException) -> str:
-    """What a traceback's last line says: `ZeroDivisionError: division by zero`."""
-    return traceback.format_exception_only(error)[-1].strip()
+    """What a traceback's last line says: `ZeroDivisionError: division by zero`, `MemoryError` (notes left out;
+    a SyntaxError's message names its file and line)."""
+    message = str(error)
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 def where_in(path: Path, error: BaseException) -> str:

@@ -34,15 +34,16 @@ def test_a_module_that_exits_at_import_fails_naming_the_file_and_the_exit_code(t
         check_reward_function(f"{path}:score")
 
 
-@pytest.mark.parametrize("statement, last_line", [
-    ("1 / 0", "ZeroDivisionError: division by zero"),
-    ("raise SystemExit(4)", "SystemExit: 4"),
-    ("import no_such_module_for_a_reward", "ModuleNotFoundError: No module named 'no_such_module_for_a_reward'"),
+@pytest.mark.parametrize("statement, cause", [
+    ("1 / 0", r"ZeroDivisionError: division by zero \(line 2\)"),
+    ("raise SystemExit(4)", r"SystemExit: 4 \(line 2\)"),
+    ("import no_such_module_for_a_reward",
+     r"ModuleNotFoundError: No module named 'no_such_module_for_a_reward' \(line 2\)"),
+    ("def broken(:", r"SyntaxError: invalid syntax \(raises_at_import.py, line 2\)"),
 ])
-def test_a_module_that_raises_at_import_fails_with_the_tracebacks_last_line_and_the_line(tmp_path, statement,
-                                                                                        last_line):
+def test_a_module_that_raises_at_import_fails_with_the_tracebacks_last_line_and_the_line(tmp_path, statement, cause):
     path = write_reward_file(tmp_path, f"import os\n{statement}\n" + SCORE, "raises_at_import.py")
-    message = rf"reward function file {path} failed to import: {last_line} \(line 2\)"
+    message = rf"^reward function file {path} failed to import: {cause}$"
     with pytest.raises(RewardLoadError, match=message):
         check_reward_function(f"{path}:score")
     with pytest.raises(RewardLoadError, match=message):
