@@ -89,6 +89,10 @@ class RolloutConfig:
                 "SiLU x up and residual adds folded in; Hopper, bf16 and decode_attention=cuda only, built on first "
                 "use; an error where they cannot run), torch = the model's layers (compiled), auto = fused where "
                 "they run, else torch with a warning")
+    backend: str = option(
+        "auto", "rollout backend, a name registered in asyncrl.rollout.ROLLOUT_BACKENDS (verl: rollout.name): "
+                "colocated = an engine inside each trainer rank, ray_replicas = Ray replica actors on devices of "
+                "their own; auto = colocated in trainer.mode=sync, ray_replicas otherwise")
     n_gpus_per_node: int = option(1, "rollout devices per node in separated modes (CPU slots on CPU)", gt=0)
     max_replica_restarts: int = option(3, "times Ray restarts a rollout replica that died (fully_async then "
                                           "re-syncs its weights and re-queues its requests)", ge=0)
@@ -213,7 +217,19 @@ class RewardConfig:
         "", "user scorer 'path/to/file.py:function' or 'package.module:function'; empty = built-in "
             "scorer chosen by each row's data_source")
     timeout_s: float = option(10.0, "per-sample time limit; a scorer past it scores 0 and is counted", gt=0.0)
-    num_workers: int = option(1, "scoring processes", gt=0)
+    num_workers: int = option(1, "scoring processes (capped at 4 per CPU, with a warning)", gt=0)
+    import_timeout_s: float = option(
+        120.0, "time a scoring process may take to import the reward function; a file that hangs, exits or "
+               "raises at import fails the run before Ray starts, naming the file", gt=0.0)
+    max_batch_s: Optional[float] = option(
+        None, "cap on one scoring call over a batch; samples left at the cap score 0 as timeouts; null = none",
+        gt=0.0)
+    max_memory_mb: Optional[int] = option(
+        None, "memory limit of each scoring process (Linux); a scorer past it scores 0 and is counted; "
+              "null = none", gt=0)
+    max_cpu_s: Optional[int] = option(
+        None, "CPU seconds a scoring process may spend on one sample (Linux); past it the process is "
+              "replaced and the sample scores 0; null = none", gt=0)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Optional
 
+from asyncrl.config.schema import RewardConfig
 from asyncrl.rewards.limits import ScoringLimits
 from asyncrl.rewards.process import Phase, ScoringProcess, stop_all
 from asyncrl.rewards.protocol import Failure, RewardRequest, RewardResult
@@ -90,6 +91,13 @@ class RewardExecutor:
     max_memory_mb     memory a process may allocate beyond its start-up (see ScoringLimits); None: unlimited
     max_cpu_s         CPU seconds per sample; None: unlimited
     """
+
+    @classmethod
+    def from_config(cls, config: RewardConfig) -> "RewardExecutor":
+        """The executor a run's `reward.*` keys describe (starts and checks its scoring processes)."""
+        return cls(config.custom_function, config.timeout_s, config.num_workers,
+                   import_timeout_s=config.import_timeout_s, max_batch_s=config.max_batch_s,
+                   max_memory_mb=config.max_memory_mb, max_cpu_s=config.max_cpu_s)
 
     def __init__(self, spec: str, timeout_s: float, num_workers: int = 1, *,
                  import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S, max_batch_s: Optional[float] = None,
