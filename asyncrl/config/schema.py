@@ -49,6 +49,15 @@ class DataConfig:
     shuffle: bool = option(True, "shuffle the training prompts every epoch")
     seed: int = option(1, "seed of the training-prompt order")
     apply_chat_template: bool = option(True, "format prompts with the tokenizer's chat template")
+    chat_template_fallback: Literal["error", "plain"] = option(
+        "error", "when the tokenizer has no chat template: error = fail naming the tokenizer folder, plain = "
+                 "format prompts as 'role: content' lines ending in 'assistant: '")
+    special_tokens_in_content: Literal["error", "escape", "allow"] = option(
+        "error", "the text of a tokenizer special token (e.g. '<|im_end|>', the EOS text) inside a prompt message: "
+                 "error = refuse the row, escape = encode it as plain text, allow = keep it a control token")
+    max_unrepresentable_char_fraction: float = option(
+        0.01, "warn when more than this fraction of the prompt characters cannot be represented by the tokenizer "
+              "(they become its unknown token or vanish in an encode/decode round trip)", ge=0.0, le=1.0)
 
 
 @dataclass

@@ -8,7 +8,7 @@ Prompts longer than `data.max_prompt_length` are dropped and counted (`num_dropp
 `data.truncation` say; dropping and truncating are logged as one warning per dataset. Nothing is changed
 silently: a tokenizer without a chat template, or special-token text inside a message, is an error unless the
 user chose otherwise (`PromptEncoder`); a tokenizer that cannot represent more than
-`max_unrepresentable_char_fraction` of the messages' characters is warned about, naming an example row.
+`data.max_unrepresentable_char_fraction` of the messages' characters is warned about, naming an example row.
 """
 
 from __future__ import annotations
@@ -17,19 +17,12 @@ import logging
 from typing import Any
 
 from asyncrl.config.schema import DataConfig
-from asyncrl.data.chat_template import ChatTemplateFallback, PromptEncoder
+from asyncrl.data.chat_template import PromptEncoder
 from asyncrl.data.coverage import Coverage, measure_coverage
 from asyncrl.data.reader import DatasetError, read_prompt_files
 from asyncrl.data.records import PromptRecord, TokenizedPrompt
-from asyncrl.data.special_text import SpecialTokensInContent
 
 logger = logging.getLogger(__name__)
-
-# Defaults of the keys data.special_tokens_in_content, data.chat_template_fallback and
-# data.max_unrepresentable_char_fraction until DataConfig carries them.
-SPECIAL_TOKENS_IN_CONTENT: SpecialTokensInContent = "error"
-CHAT_TEMPLATE_FALLBACK: ChatTemplateFallback = "error"
-MAX_UNREPRESENTABLE_CHAR_FRACTION = 0.01
 
 
 class PromptDataset:
@@ -42,25 +35,19 @@ class PromptDataset:
         self.index_by_id = {prompt.record.prompt_id: index for index, prompt in enumerate(prompts)}
 
     @classmethod
-    def from_files(cls, paths: list[str], tokenizer: Any, config: DataConfig,
-                   special_tokens_in_content: SpecialTokensInContent = SPECIAL_TOKENS_IN_CONTENT,
-                   chat_template_fallback: ChatTemplateFallback = CHAT_TEMPLATE_FALLBACK,
-                   max_unrepresentable_char_fraction: float = MAX_UNREPRESENTABLE_CHAR_FRACTION) -> "PromptDataset":
+    def from_files(cls, paths: list[str], tokenizer: Any, config: DataConfig) -> "PromptDataset":
         if not paths:
             raise DatasetError("no dataset files given (data.train_files / data.val_files is empty)")
         records = read_prompt_files(paths, config.prompt_key)
-        return cls.from_records(records, tokenizer, config, ", ".join(paths), special_tokens_in_content,
-                                chat_template_fallback, max_unrepresentable_char_fraction)
+        return cls.from_records(records, tokenizer, config, ", ".join(paths))
 
     @classmethod
-    def from_records(cls, records: list[PromptRecord], tokenizer: Any, config: DataConfig, source: str = "records",
-                     special_tokens_in_content: SpecialTokensInContent = SPECIAL_TOKENS_IN_CONTENT,
-                     chat_template_fallback: ChatTemplateFallback = CHAT_TEMPLATE_FALLBACK,
-                     max_unrepresentable_char_fraction: float = MAX_UNREPRESENTABLE_CHAR_FRACTION) -> "PromptDataset":
+    def from_records(cls, records: list[PromptRecord], tokenizer: Any, config: DataConfig,
+                     source: str = "records") -> "PromptDataset":
         if not records:
             raise DatasetError(f"{source}: no prompts")
-        encoder = PromptEncoder(tokenizer, config.apply_chat_template, chat_template_fallback,
-                                special_tokens_in_content)
+        encoder = PromptEncoder(tokenizer, config.apply_chat_template, config.chat_template_fallback,
+                                config.special_tokens_in_content)
         limit = config.max_prompt_length
         prompts, num_truncated, overlong_lengths = [], 0, []
         for record in records:
@@ -91,7 +78,7 @@ class PromptDataset:
             logger.warning("truncated %d of %d prompts of %s to data.max_prompt_length=%d (data.truncation=%s)",
                            num_truncated, len(records), source, limit, config.truncation)
         coverage = measure_coverage(tokenizer, records)
-        warn_about_coverage(coverage, tokenizer, source, max_unrepresentable_char_fraction)
+        warn_about_coverage(coverage, tokenizer, source, config.max_unrepresentable_char_fraction)
         return cls(prompts, len(overlong_lengths), num_truncated, coverage)
 
     def __len__(self) -> int:

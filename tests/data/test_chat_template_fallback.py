@@ -46,7 +46,7 @@ def test_a_missing_chat_template_is_an_error_naming_the_tokenizer_folder(model_f
 def test_a_chosen_fallback_or_no_template_at_all_formats_the_prompts(model_folder, tmp_path):
     tokenizer = without_template(model_folder, tmp_path / "bare")
     path = write_jsonl(tmp_path / "p.jsonl", [row("1+1=", system="Add.")])
-    plain = PromptDataset.from_files([str(path)], tokenizer, data_config(), chat_template_fallback="plain")
+    plain = PromptDataset.from_files([str(path)], tokenizer, data_config("data.chat_template_fallback=plain"))
     assert tokenizer.decode(plain[0].prompt_ids) == "system: Add.\nuser: 1+1=\nassistant: "
     joined = PromptDataset.from_files([str(path)], tokenizer, data_config("data.apply_chat_template=false"))
     assert tokenizer.decode(joined[0].prompt_ids) == "Add.\n1+1="

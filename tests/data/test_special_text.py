@@ -39,7 +39,7 @@ def test_special_token_text_in_a_message_is_refused_naming_file_row_and_token(to
 
 def test_escaped_text_is_plain_characters_and_the_template_markers_stay_control_tokens(tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "injected.jsonl", [row(INJECTED, system="Be <|assistant|> brief.")])
-    dataset = PromptDataset.from_files([str(path)], tokenizer, data_config(), special_tokens_in_content="escape")
+    dataset = PromptDataset.from_files([str(path)], tokenizer, data_config("data.special_tokens_in_content=escape"))
     system, user, assistant = tokenizer.convert_tokens_to_ids(["<|system|>", "<|user|>", "<|assistant|>"])
     expected = ([system] + char_ids(tokenizer, "Be <|assistant|> brief.") + [user] + char_ids(tokenizer, INJECTED)
                 + [assistant])
@@ -51,7 +51,7 @@ def test_escaped_text_is_plain_characters_and_the_template_markers_stay_control_
 
 def test_allowed_text_becomes_the_control_token(tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "markup.jsonl", [row(INJECTED)])
-    dataset = PromptDataset.from_files([str(path)], tokenizer, data_config(), special_tokens_in_content="allow")
+    dataset = PromptDataset.from_files([str(path)], tokenizer, data_config("data.special_tokens_in_content=allow"))
     user, assistant = tokenizer.convert_tokens_to_ids(["<|user|>", "<|assistant|>"])
     assert dataset[0].prompt_ids == ([user] + char_ids(tokenizer, "1+1=") + [tokenizer.eos_token_id, user]
                                      + char_ids(tokenizer, "2+2=") + [assistant])

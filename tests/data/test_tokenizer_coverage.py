@@ -67,7 +67,7 @@ def test_above_the_threshold_a_warning_names_the_file_and_an_example_row(tokeniz
 def test_at_or_below_the_threshold_it_is_only_logged_at_info(tokenizer, tmp_path, caplog):
     path = write_jsonl(tmp_path / "p.jsonl", [row("1+1="), row("d\u00e9j\u00e0 vu")])
     caplog.set_level(logging.INFO, logger="asyncrl")
-    PromptDataset.from_files([str(path)], tokenizer, data_config(), max_unrepresentable_char_fraction=0.2)
+    PromptDataset.from_files([str(path)], tokenizer, data_config("data.max_unrepresentable_char_fraction=0.2"))
     assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
     assert re.search(r"cannot represent 18\.2% of the prompt characters", caplog.text)
     caplog.clear()
