@@ -3,11 +3,13 @@ entropy and rollout correction. Imports nothing but torch; every function docume
 (B = responses, T = padded response length) and returns ``(result, metrics)`` where it has metrics.
 
 Each family that a config chooses by name is a `Registry` whose entries carry their own metadata
-(`registry.py`): ADVANTAGE_ESTIMATORS, POLICY_LOSSES, KL_ESTIMATORS, LOSS_AGG_MODES, CORRECTION_LEVELS.
+(`registry.py`): ADVANTAGE_ESTIMATORS, POLICY_LOSSES, KL_ESTIMATORS, LOSS_AGG_MODES, CORRECTION_LEVELS,
+REJECTION_LEVELS, and the named settings of the rollout correction, ROLLOUT_CORRECTION_PRESETS.
 """
 
 from asyncrl.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimatorSpec
 from asyncrl.algos.aggregation import LOSS_AGG_MODES, aggregate_loss, count_sequences
+from asyncrl.algos.correction_presets import ROLLOUT_CORRECTION_PRESETS, RolloutCorrectionPreset
 from asyncrl.algos.entropy import entropy_from_logits
 from asyncrl.algos.kl import (
     KL_ESTIMATORS,
@@ -21,6 +23,8 @@ from asyncrl.algos.policy_losses import POLICY_LOSSES, PolicyLossSpec
 from asyncrl.algos.registry import Entry, Registry
 from asyncrl.algos.rollout_correction import (
     CORRECTION_LEVELS,
+    REJECTION_LEVELS,
+    RejectionLevelSpec,
     compute_bypass_correction,
     compute_rollout_correction,
 )
@@ -37,7 +41,11 @@ __all__ = [
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
     "PolicyLossSpec",
+    "REJECTION_LEVELS",
+    "ROLLOUT_CORRECTION_PRESETS",
     "Registry",
+    "RejectionLevelSpec",
+    "RolloutCorrectionPreset",
     "aggregate_loss",
     "apply_kl_penalty",
     "compute_bypass_correction",

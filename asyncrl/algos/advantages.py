@@ -7,7 +7,8 @@ full keyword set and each entry ignores what it does not need:
        response_mask,            # (B, T) float or bool, 1 on valid response tokens
        group_ids,                # (B,) integer, equal for the n responses of one prompt
        *, values=None,           # (B, T) critic values, needed by gae
-       reward_baselines=None,    # (B,) score of the greedy response of the same prompt, needed by remax
+       reward_baselines=None,    # (B,) score of the greedy response of the same prompt, needed by remax;
+                                 #   row i holds the score of its own prompt's greedy response
        gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6,
     ) -> (advantages (B, T), returns (B, T))
 
@@ -19,7 +20,7 @@ a new one is a function of this signature plus ``@ADVANTAGE_ESTIMATORS.register(
 
 Choices:
 - A group of one sample has nobody to be compared with, so every group estimator gives it advantage 0
-  (grpo, dr_grpo, rloo, opo, gpg, and reinforce_plus_plus_baseline before the batch whitening). The
+  (grpo, dr_grpo, rloo, opo, gpg, grpo_passk, and reinforce_plus_plus_baseline before the batch whitening). The
   reference system keeps A = r for an RLOO singleton and uses std 1 for a GRPO singleton; we do not push a
   prompt whose group collapsed to a single sample in any direction.
 - Whitening is (x - mean) / sqrt(var + 1e-8) over the valid tokens of the batch, with the population variance.
@@ -223,6 +224,9 @@ def remax(token_level_rewards, response_mask, group_ids, *, values=None, reward_
     _check_shapes(token_level_rewards, response_mask, group_ids)
     if reward_baselines is None:
         raise ValueError("advantage estimator 'remax' needs reward_baselines (B,) (greedy-response scores), got None")
+    if reward_baselines.shape != group_ids.shape:
+        # A (B, 1) or (B, T) baseline would broadcast silently into a wrong advantage.
+        raise ValueError(f"reward_baselines must be (B,) = {tuple(group_ids.shape)}, got {tuple(reward_baselines.shape)}")
     returns = _discounted_returns(token_level_rewards, response_mask, 1.0)
     baselines = reward_baselines.to(returns.dtype)[:, None]  # (B, 1)
     return fill_invalid(returns - baselines, response_mask), returns
@@ -254,5 +258,39 @@ def gpg(token_level_rewards, response_mask, group_ids, *, values=None, reward_ba
     means, _, _ = _group_statistics(scores, group_ids)
     alpha = scores.shape[0] / max(1, int(torch.count_nonzero(scores)))
     advantages = _broadcast(alpha * (scores - means), response_mask)
+    return advantages, advantages
+
+
+@ADVANTAGE_ESTIMATORS.register(
+    "grpo_passk", needs_groups=True,
+    summary="pass@k: the best response of a group gets (best - second best) / (group std + epsilon), the others 0; "
+            "no division with algorithm.norm_adv_by_std_in_grpo=false")
+def grpo_passk(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
+               gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+    """Pass@k training (Chen et al., arXiv 2503.19595): only the best response of a group is pushed, by how much
+    it beats the second best: A_best = (r_max - r_second) / (std_g + epsilon) with the unbiased group std (no
+    division with ``norm_adv_by_std=False``); every other response gets 0. A group's pass@k rises only through
+    its best sample, so the others get no gradient, neither up nor down.
+
+    When several responses tie for the best, r_max - r_second = 0, so the choice among them does not matter (the
+    lowest row index is taken). A singleton group gets 0 (the reference system refuses groups below 2).
+    """
+    _check_shapes(token_level_rewards, response_mask, group_ids)
+    scores = _sequence_scores(token_level_rewards, response_mask)  # (B,)
+    inverse, num_groups = _group_index(group_ids)
+    _, stds, sizes = _group_statistics(scores, group_ids)
+    rows = torch.arange(scores.shape[0], device=scores.device)  # (B,)
+    best = scores.new_full((num_groups,), -torch.inf).scatter_reduce(0, inverse, scores, "amax")  # (G,)
+    # The first row (lowest index) holding its group's maximum; every group has one, so no index stays at B.
+    is_maximum = scores == best[inverse]
+    first = torch.full_like(best, scores.shape[0], dtype=torch.long).scatter_reduce(
+        0, inverse, torch.where(is_maximum, rows, scores.shape[0]), "amin")  # (G,)
+    is_best = rows == first[inverse]  # (B,), one row per group
+    second = scores.new_full((num_groups,), -torch.inf).scatter_reduce(
+        0, inverse, torch.where(is_best, -torch.inf, scores), "amax")  # (G,); -inf for a singleton
+    gap = best[inverse] - second[inverse]
+    if norm_adv_by_std:
+        gap = gap / (stds + epsilon)
+    advantages = _broadcast(torch.where(is_best & (sizes > 1), gap, 0.0), response_mask)
     return advantages, advantages
 

@@ -11,12 +11,14 @@ and each entry ignores what it does not need:
        rollout_is_weights=None,               # (B, T) importance weights rollout -> anchor, treated as constants
        num_tokens=None, num_seqs=None, norm_length=None,   # global counts, see aggregation.py
        clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1,
+       tau_pos=1.0, tau_neg=1.05,              # sapo's gate temperatures for A > 0 and A <= 0
        generator=None,                         # torch.Generator for clip_cov's random choice
     ) -> (loss scalar, metrics)
 
 rho = exp(clamp(log_probs - old_log_probs, -20, 20)) is the per-token ratio. When ``rollout_is_weights`` is given,
-every loss multiplies its per-token loss by it before aggregation. The loss configuration is passed with each
-call, never read from a shared config, so what the trainer asks for is what runs.
+every loss multiplies its per-token loss by it before aggregation (geo_mean by each sequence's geometric mean of
+them, since its ratio is one per sequence). The loss configuration is passed with each call, never read from a
+shared config, so what the trainer asks for is what runs. Every knob has the reference system's default.
 
 Metrics (detached 0-dim tensors on the inputs' device, or Python floats for a term a loss does not have; a
 trainer sums them on the device, and ``masked.metrics_to_floats`` turns them into floats with one copy, so a
@@ -111,7 +113,7 @@ def _covariance(advantages, log_probs, valid) -> Tensor:
 def vanilla(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
             clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
             num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
-            clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, generator=None):
+            clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, tau_pos=1.0, tau_neg=1.05, generator=None):
     """PPO clip with asymmetric bounds [1 - low, 1 + high] and dual clip (Ye et al.).
 
     L = max(-A rho, -A clip(rho)); for A < 0 the loss is further capped: L = min(L, -A clip_ratio_c).
@@ -132,7 +134,7 @@ def vanilla(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mod
 def gspo(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
          clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
          num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
-         clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, generator=None):
+         clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, tau_pos=1.0, tau_neg=1.05, generator=None):
     """GSPO (Zheng et al.): PPO clip (no dual clip) on the sequence ratio s_i = exp(mean_t log rho_it).
 
     Straight-through construction: log s_it = logp_it - sg(logp_it) + sg(mean_t log rho_it), so the forward
@@ -153,7 +155,7 @@ def gspo(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="
 def cispo(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
           clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
           num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
-          clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, generator=None):
+          clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, tau_pos=1.0, tau_neg=1.05, generator=None):
     """CISPO (MiniMax-M1): L = -sg(clip(rho, 1 - low, 1 + high)) A logp.
 
     The clip bounds the importance weight instead of removing the gradient, so every token keeps a gradient.
@@ -174,7 +176,7 @@ def cispo(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode=
 def clip_cov(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
              clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
              num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
-             clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, generator=None):
+             clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, tau_pos=1.0, tau_neg=1.05, generator=None):
     """Clip-Cov (Cui et al.): PPO clip, plus the loss of a few high-covariance tokens is removed.
 
     Among valid tokens not already clipped whose covariance (A - mean A)(logp - mean logp) lies strictly in
@@ -205,7 +207,7 @@ def clip_cov(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mo
 def kl_cov(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
            clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
            num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
-           clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, generator=None):
+           clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, tau_pos=1.0, tau_neg=1.05, generator=None):
     """KL-Cov (Cui et al.): L = -A rho (no clip), plus ppo_kl_coef |logp - old_logp| on the tokens with the
     largest covariance (A - mean A)(logp - mean logp): max(1, int(kl_cov_ratio * valid tokens)) of them.
     """
@@ -228,7 +230,7 @@ def kl_cov(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode
 def reinforce(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
               clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
               num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
-              clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, generator=None):
+              clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, tau_pos=1.0, tau_neg=1.05, generator=None):
     """Importance-weighted policy gradient without clip, for bypass mode: L = -w A logp.
 
     w = ``rollout_is_weights`` (detached; 1 when None), typically computed per micro-batch by
@@ -240,3 +242,84 @@ def reinforce(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_m
     return _finish(per_token_loss, valid, rollout_is_weights, loss_agg_mode, num_tokens, num_seqs, norm_length,
                    metrics)
 
+
+
+@POLICY_LOSSES.register("gpg", summary="GPG: -A logp, no ratio and no clip (paired with the gpg estimator)")
+def gpg(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
+        clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
+        num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
+        clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, tau_pos=1.0, tau_neg=1.05, generator=None):
+    """GPG (Chu et al., arXiv 2504.02546): the plain policy gradient L = -A logp, with neither ratio nor clip.
+
+    The same per-token loss as ``reinforce``; a name of its own so that a GPG recipe from the reference system
+    (``adv_estimator=gpg`` with ``loss_mode=gpg``) reads the same here. Its stability comes from the gpg
+    estimator's scaling, not from a trust region, so it is meant for (nearly) on-policy data: ``ppo_kl`` shows
+    how far the batch has drifted from the anchor.
+    """
+    valid, log_probs, advantages, log_ratio = _prepare(log_probs, old_log_probs, advantages, response_mask)
+    per_token_loss = -advantages * log_probs
+    metrics = _base_metrics(valid, log_ratio)
+    return _finish(per_token_loss, valid, rollout_is_weights, loss_agg_mode, num_tokens, num_seqs, norm_length,
+                   metrics)
+
+
+@POLICY_LOSSES.register(
+    "sapo", summary="SAPO: -A sigmoid(tau (rho - 1)) 4 / tau, a soft gate in place of the clip (tau_pos, tau_neg)")
+def sapo(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
+         clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
+         num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
+         clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, tau_pos=1.0, tau_neg=1.05, generator=None):
+    """SAPO (Gao et al., arXiv 2511.20347): L = -A f(rho) with the soft gate f(x) = sigmoid(tau (x - 1)) 4 / tau,
+    tau = ``tau_pos`` where A > 0 and ``tau_neg`` where A <= 0.
+
+    At rho = 1 the gate has value 2 / tau and slope 1, so near the anchor the gradient is PPO's; away from it the
+    slope 4 s (1 - s), s the sigmoid, decays smoothly instead of dropping to 0 at a clip edge, the faster the larger
+    tau. tau_neg > tau_pos damps negative-advantage tokens sooner, which the paper finds stabilises training.
+    The paper aggregates with seq-mean-token-mean (the reference system forces it; here ``loss_agg_mode`` runs).
+    No clip, so ``pg_clipfrac`` is 0.
+    """
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"sapo's temperatures must be positive, got tau_pos={tau_pos} and tau_neg={tau_neg}")
+    valid, log_probs, advantages, log_ratio = _prepare(log_probs, old_log_probs, advantages, response_mask)
+    taus = torch.where(advantages > 0, tau_pos, tau_neg).to(log_ratio.dtype)  # (B, T)
+    gates = torch.sigmoid(taus * (_ratio(log_ratio) - 1.0)) * (4.0 / taus)
+    per_token_loss = -advantages * gates
+    metrics = _base_metrics(valid, log_ratio)
+    return _finish(per_token_loss, valid, rollout_is_weights, loss_agg_mode, num_tokens, num_seqs, norm_length,
+                   metrics)
+
+
+@POLICY_LOSSES.register(
+    "geo_mean", summary="GMPO: -A times the sequence's geometric-mean ratio, each token's log-ratio clipped to "
+                        "[-clip_ratio_low, clip_ratio_high] on the side its advantage pushes")
+def geo_mean(log_probs, old_log_probs, advantages, response_mask, *, loss_agg_mode="token-mean",
+             clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, rollout_is_weights=None,
+             num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
+             clip_cov_ub=5.0, kl_cov_ratio=2e-4, ppo_kl_coef=0.1, tau_pos=1.0, tau_neg=1.05, generator=None):
+    """GMPO (Zhao et al., arXiv 2507.20673): the sequence ratio is the geometric mean of its token ratios,
+    s_i = exp(mean_t c_it), and the per-token loss is -A_it s_i.
+
+    Each log-ratio l_t is clipped in log space, on the side where its advantage would push it: c_t = min(l_t,
+    clip_ratio_high) where A > 0, max(l_t, -clip_ratio_low) where A < 0, 0 where A = 0 (that is,
+    sign(A) min(sign(A) l, sign(A) clamp(l, -low, high)), the reference system's form). The bounds are log-ratios:
+    the paper's range (e^-0.4, e^0.4) is clip_ratio_low = clip_ratio_high = 0.4. A clipped token gets no gradient;
+    the others get d s_i / d logp_it = s_i / n_i. A geometric mean is far less sensitive to one outlier token
+    than GRPO's arithmetic mean of token ratios.
+
+    With sequence-level advantages and seq-mean-token-mean this is the paper's mean over sequences of -A_i s_i
+    (the reference system always takes that mean; here ``loss_agg_mode`` runs). ``rollout_is_weights`` enter as
+    each sequence's geometric mean over its valid tokens, as the reference system does: the same as the weights
+    themselves for sequence- or geometric-level weights. ``pg_clipfrac``: fraction of valid tokens clipped.
+    """
+    valid, log_probs, advantages, log_ratio = _prepare(log_probs, old_log_probs, advantages, response_mask)
+    sign = torch.sign(advantages)  # (B, T), 0 on padding
+    clamped = log_ratio.clamp(-clip_ratio_low, clip_ratio_high)
+    clipped_log_ratio = sign * torch.minimum(sign * log_ratio, sign * clamped)
+    sequence_ratio = _ratio(masked_mean(clipped_log_ratio, valid, dim=-1))  # (B,)
+    per_token_loss = -advantages * sequence_ratio[:, None]
+    if rollout_is_weights is not None:
+        # Padding holds anything (even 0 or inf): 1 there, a log of 0 never reaches the mean.
+        weights = torch.where(valid, rollout_is_weights.detach(), 1.0).clamp_min(1e-30)
+        per_token_loss = per_token_loss * torch.exp(masked_mean(torch.log(weights), valid, dim=-1))[:, None]
+    metrics = _base_metrics(valid, log_ratio, valid & (sign * log_ratio > sign * clamped))
+    return _finish(per_token_loss, valid, None, loss_agg_mode, num_tokens, num_seqs, norm_length, metrics)

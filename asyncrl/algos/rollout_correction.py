@@ -11,6 +11,14 @@ anchor. With l_t = log pi_anchor(y_t) - log pi_rollout(y_t) per valid token:
 - Rejection (``rs_level``): a token (``token``) or a whole sequence (``sequence``: exp(sum l), ``geometric``:
   exp(mean l)) whose ratio leaves [``rs_threshold_lower``, ``rs_threshold``] is masked out: the new response mask
   is M * keep, so it gets no gradient. ``rs_threshold_lower`` defaults to 1 / ``rs_threshold``.
+  Or by a KL estimate of the two policies on the sampled tokens, bounded from above by ``rs_threshold`` only (no
+  lower bound: 0 means the policies agree): k2_t = l_t^2 / 2 or k3_t = exp(l_t) - 1 - l_t (l clamped to
+  [-20, 20]), per token (``token_k2``, ``token_k3``) or per sequence as the sum, mean or max over its valid
+  tokens (``seq_sum_k2``, ``seq_mean_k3``, ``seq_max_k3``, ...: the reference system's names). Both estimate
+  KL(rollout || anchor) on rollout samples and are never negative (k3 without bias, k2 with a small one; both
+  with a far lower variance than -l). A KL level (in ``REJECTION_LEVELS`` only, ``is_divergence`` in its record)
+  rejects only: it is no importance weight. ``CORRECTION_LEVELS`` holds the levels of ``is_level``,
+  ``REJECTION_LEVELS`` those of ``rs_level``: the ratio levels, registered in both, and the KL levels.
 IS and rejection are computed independently from the same log-ratios over the original mask; a rejected token
 drops out of the loss through the new mask, whatever its weight.
 
@@ -36,40 +44,122 @@ log_ppl = -mean_t log-prob.
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from asyncrl.algos.masked import as_bool_mask, fill_invalid, masked_mean, metrics_to_floats
-from asyncrl.algos.registry import Entry, Registry
+from asyncrl.algos.masked import as_bool_mask, fill_invalid, masked_mean, masked_sum, metrics_to_floats
+from asyncrl.algos.registry import Entry, Registry, column
 
 _MAX_LOG_RATIO = 20.0
 _PREFIX = "rollout_corr/"
 
-# Every level: fn(log_ratio (B, T), valid (B, T) bool) -> (the log-ratio of each unit, the mask of units that
+
+# Every level: fn(log_ratio (B, T), valid (B, T) bool) -> (the statistic of each unit, the mask of units that
 # exist), a unit being a token (B, T) or a sequence (B,). None (no correction) is not a level.
+# CORRECTION_LEVELS (``is_level``): the statistic is the unit's log-ratio, whose exp is the importance weight.
 CORRECTION_LEVELS: Registry[Entry] = Registry("rollout-correction level", Entry)
 
 
+@dataclass(frozen=True)
+class RejectionLevelSpec(Entry):
+    """What a rejection level's statistic is, which decides how its threshold reads."""
+
+    # False: a log-ratio, kept within [lower, upper] ratio bounds. True: a KL estimate (>= 0), kept up to an upper
+    # bound only.
+    is_divergence: bool = column("a KL estimate, bounded from above only", False)
+
+
+# REJECTION_LEVELS (``rs_level``): the ratio levels, registered in both, and the KL estimates, which are no weight.
+REJECTION_LEVELS: Registry[RejectionLevelSpec] = Registry("rollout rejection level", RejectionLevelSpec)
+
+
+@REJECTION_LEVELS.register("token", summary="each token's ratio exp(l_t) within [rs_threshold_lower, rs_threshold] "
+                                            "(the reference system's token_k1)")
 @CORRECTION_LEVELS.register("token", summary="each token's own ratio exp(l_t)")
 def token_level(log_ratio: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     return log_ratio, valid
 
 
+@REJECTION_LEVELS.register("sequence", summary="the sequence's ratio exp(sum_t l_t) within [rs_threshold_lower, "
+                                               "rs_threshold] (the reference system's seq_sum_k1)")
 @CORRECTION_LEVELS.register("sequence", summary="the sequence's ratio exp(sum_t l_t), on each of its tokens")
 def sequence_level(log_ratio: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     return log_ratio.sum(dim=-1), valid.any(dim=-1)
 
 
+@REJECTION_LEVELS.register("geometric", summary="the sequence's geometric mean ratio exp(mean_t l_t) within "
+                                                "[rs_threshold_lower, rs_threshold] (the reference system's "
+                                                "seq_mean_k1)")
 @CORRECTION_LEVELS.register("geometric", summary="the sequence's geometric mean ratio exp(mean_t l_t), on each "
                                                  "of its tokens")
 def geometric_level(log_ratio: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     return masked_mean(log_ratio, valid, dim=-1), valid.any(dim=-1)
 
 
-def _check_level(kind: str, level: str | None) -> None:
-    if level is not None and level not in CORRECTION_LEVELS:
-        raise ValueError(f"{kind}: {CORRECTION_LEVELS.unknown_name_message(level)}")
+def _k2(log_ratio: Tensor) -> Tensor:
+    return 0.5 * log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).square()
+
+
+def _k3(log_ratio: Tensor) -> Tensor:
+    clamped = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return torch.exp(clamped) - 1.0 - clamped
+
+
+def _sequence_max(values: Tensor, valid: Tensor) -> Tensor:
+    """Max over each row's valid positions; 0 for a row without any (it is not a unit anyway). (B,)"""
+    return torch.where(valid, values, -torch.inf).amax(dim=-1).clamp_min(0.0)  # KL estimates are >= 0
+
+
+@REJECTION_LEVELS.register("token_k2", is_divergence=True, summary="each token's k2 = l_t^2 / 2")
+def token_k2(log_ratio: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    return _k2(log_ratio), valid
+
+
+@REJECTION_LEVELS.register("token_k3", is_divergence=True, summary="each token's k3 = exp(l_t) - 1 - l_t")
+def token_k3(log_ratio: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    return _k3(log_ratio), valid
+
+
+@REJECTION_LEVELS.register("seq_sum_k2", is_divergence=True, summary="the sum of k2 over the sequence's tokens")
+def seq_sum_k2(log_ratio: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    return masked_sum(_k2(log_ratio), valid, dim=-1), valid.any(dim=-1)
+
+
+@REJECTION_LEVELS.register("seq_sum_k3", is_divergence=True, summary="the sum of k3 over the sequence's tokens")
+def seq_sum_k3(log_ratio: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    return masked_sum(_k3(log_ratio), valid, dim=-1), valid.any(dim=-1)
+
+
+@REJECTION_LEVELS.register("seq_mean_k2", is_divergence=True, summary="the mean of k2 over the sequence's tokens")
+def seq_mean_k2(log_ratio: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    return masked_mean(_k2(log_ratio), valid, dim=-1), valid.any(dim=-1)
+
+
+@REJECTION_LEVELS.register("seq_mean_k3", is_divergence=True, summary="the mean of k3 over the sequence's tokens")
+def seq_mean_k3(log_ratio: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    return masked_mean(_k3(log_ratio), valid, dim=-1), valid.any(dim=-1)
+
+
+@REJECTION_LEVELS.register("seq_max_k2", is_divergence=True, summary="the largest k2 among the sequence's tokens")
+def seq_max_k2(log_ratio: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    return _sequence_max(_k2(log_ratio), valid), valid.any(dim=-1)
+
+
+@REJECTION_LEVELS.register("seq_max_k3", is_divergence=True, summary="the largest k3 among the sequence's tokens")
+def seq_max_k3(log_ratio: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    return _sequence_max(_k3(log_ratio), valid), valid.any(dim=-1)
+
+
+def _check_levels(is_level: str | None, rs_level: str | None) -> None:
+    if is_level is not None and is_level not in CORRECTION_LEVELS:
+        if is_level in REJECTION_LEVELS:  # a KL level: the closest-name hint would point elsewhere
+            raise ValueError(f"is_level={is_level!r} is a KL estimate, which can reject but is no importance weight; "
+                             f"use one of {', '.join(CORRECTION_LEVELS)}")
+        raise ValueError(f"is_level: {CORRECTION_LEVELS.unknown_name_message(is_level)}")
+    if rs_level is not None and rs_level not in REJECTION_LEVELS:
+        raise ValueError(f"rs_level: {REJECTION_LEVELS.unknown_name_message(rs_level)}")
 
 
 def _to_tokens(per_unit: Tensor, valid: Tensor) -> Tensor:
@@ -105,8 +195,16 @@ def _importance_weights(log_ratio, valid, level, threshold, batch_normalize) -> 
     return _to_tokens(weights, valid), metrics
 
 
-def _rejection_keep(log_ratio, valid, level, upper, lower) -> tuple[Tensor, dict[str, Tensor]]:
-    """Keep mask (B, T) for ratios within [lower, upper] (meaningless on padding), and rejection metrics."""
+def _keep_units(log_ratio, valid, level, upper, lower) -> Tensor:
+    """Whether each unit of ``level`` passes: its ratio within [lower, upper], or its KL estimate <= upper."""
+    statistic, _ = REJECTION_LEVELS[level](log_ratio, valid)
+    if REJECTION_LEVELS.spec(level).is_divergence:
+        if upper is None or lower is not None:
+            raise ValueError(f"rs_level={level!r} bounds a KL estimate from above: it needs rs_threshold and no "
+                             f"rs_threshold_lower, got {upper} and {lower}")
+        if upper <= 0:
+            raise ValueError(f"rs_level={level!r} needs a positive rs_threshold, got {upper}")
+        return statistic <= upper
     if upper is None and lower is None:
         raise ValueError(f"rs_level={level!r} needs rs_threshold and/or rs_threshold_lower, got neither")
     upper = math.inf if upper is None else float(upper)
@@ -115,8 +213,12 @@ def _rejection_keep(log_ratio, valid, level, upper, lower) -> tuple[Tensor, dict
         raise ValueError(f"rollout rejection needs 0 <= rs_threshold_lower < rs_threshold, got {lower} and {upper}")
     log_upper = math.log(upper) if upper != math.inf else math.inf
     log_lower = math.log(lower) if lower > 0.0 else -math.inf
-    unit_log_ratio, _ = CORRECTION_LEVELS[level](log_ratio, valid)
-    keep_units = (unit_log_ratio <= log_upper) & (unit_log_ratio >= log_lower)
+    return (statistic <= log_upper) & (statistic >= log_lower)
+
+
+def _rejection_keep(log_ratio, valid, level, upper, lower) -> tuple[Tensor, dict[str, Tensor]]:
+    """Keep mask (B, T) of the units that pass (meaningless on padding), and rejection metrics."""
+    keep_units = _keep_units(log_ratio, valid, level, upper, lower)
     keep = keep_units if keep_units.dim() == 2 else keep_units[:, None].expand_as(valid)
     rejected = valid & ~keep
     metrics = {
@@ -150,8 +252,7 @@ def compute_rollout_correction(
 ) -> tuple[Tensor | None, Tensor, dict[str, float]]:
     """IS weights (B, T) (None when ``is_level`` is None), the new response mask (B, T) (same dtype as
     ``response_mask``), and ``rollout_corr/`` metrics. Everything is computed without gradient (see module doc)."""
-    _check_level("is_level", is_level)
-    _check_level("rs_level", rs_level)
+    _check_levels(is_level, rs_level)
     if is_threshold is not None and is_threshold <= 0:
         raise ValueError(f"is_threshold must be positive or None, got {is_threshold}")
     with torch.no_grad():

@@ -175,6 +175,64 @@ def test_remax_subtracts_greedy_baseline_from_reward_to_go():
     torch.testing.assert_close(advantages, (expected_returns - BASELINES[:, None]) * MASK)
 
 
+def test_remax_by_hand():
+    """Two prompts' responses with an outcome reward on the last valid token (and a shaping reward on row 1)."""
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, math.nan]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float64)
+    baselines = torch.tensor([0.25, 1.0], dtype=torch.float64)  # each row's greedy response scored 0.25 and 1.0
+    advantages, returns = ADVANTAGE_ESTIMATORS["remax"](rewards, mask, torch.tensor([0, 1]),
+                                                        reward_baselines=baselines)
+    # reward-to-go: row 0 is 1 everywhere; row 1 is 0.5 + 0 = 0.5 at t=0, then 0
+    torch.testing.assert_close(returns, torch.tensor([[1.0, 1.0, 1.0], [0.5, 0.0, 0.0]], dtype=torch.float64))
+    torch.testing.assert_close(advantages, torch.tensor([[0.75, 0.75, 0.75], [-0.5, -1.0, 0.0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"reward_baselines must be \(B,\) = \(2,\), got \(2, 1\)"):
+        ADVANTAGE_ESTIMATORS["remax"](rewards, mask, torch.tensor([0, 1]), reward_baselines=baselines[:, None])
+
+
+def reference_passk(scores: list[float], norm_adv_by_std: bool) -> list[float]:
+    """Pass@k advantages by plain loops: the first row holding its group's maximum gets max - second max."""
+    expected = [0.0] * len(scores)
+    for group_id in dict.fromkeys(int(g) for g in GROUP_IDS):
+        members = [j for j in range(len(scores)) if int(GROUP_IDS[j]) == group_id]
+        if len(members) < 2:
+            continue
+        best = max(members, key=lambda j: (scores[j], -j))
+        second = max(scores[j] for j in members if j != best)
+        gap = scores[best] - second
+        if norm_adv_by_std:
+            mean = sum(scores[j] for j in members) / len(members)
+            gap /= math.sqrt(sum((scores[j] - mean) ** 2 for j in members) / (len(members) - 1)) + 1e-6
+        expected[best] = gap
+    return expected
+
+
+@pytest.mark.parametrize("norm_adv_by_std", [True, False])
+def test_grpo_passk_matches_loop(norm_adv_by_std):
+    rewards, values = make_inputs()
+    scores = scores_of(rewards)
+    expected = reference_passk(scores, norm_adv_by_std)
+    assert sum(1 for a in expected if a != 0.0) == 2  # groups 7 and 3 push one row each; singleton 11 pushes none
+    advantages, returns = call("grpo_passk", rewards, values, norm_adv_by_std=norm_adv_by_std)
+    torch.testing.assert_close(advantages, broadcast(expected))
+    torch.testing.assert_close(returns, advantages)
+
+
+def test_grpo_passk_by_hand():
+    """Group 5: scores 0, 1, 0.25, 0.5 -> row 1 gets 1 - 0.5; group 9: a tie at the top -> 0 for all; 2 is alone."""
+    scores = torch.tensor([0.0, 1.0, 0.25, 0.5, 1.0, 1.0, 0.0, 3.0], dtype=torch.float64)
+    mask = torch.tensor([[1, 1]] * 7 + [[1, 0]], dtype=torch.float64)
+    rewards = torch.stack([torch.zeros_like(scores), scores], dim=1)  # outcome on the last token...
+    rewards[7] = torch.tensor([3.0, math.nan], dtype=torch.float64)  # ...which for row 7 is t = 0
+    group_ids = torch.tensor([5, 5, 5, 5, 9, 9, 9, 2])
+    unnormalised, _ = ADVANTAGE_ESTIMATORS["grpo_passk"](rewards, mask, group_ids, norm_adv_by_std=False)
+    torch.testing.assert_close(unnormalised[:, 0], torch.tensor([0, 0.5, 0, 0, 0, 0, 0, 0], dtype=torch.float64))
+    # group 5: mean 0.4375, squared deviations 0.19140625 + 0.31640625 + 0.03515625 + 0.00390625 = 0.546875
+    std = math.sqrt(0.546875 / 3)
+    normalised, _ = ADVANTAGE_ESTIMATORS["grpo_passk"](rewards, mask, group_ids, norm_adv_by_std=True)
+    torch.testing.assert_close(normalised, torch.tensor([0, 0.5 / (std + 1e-6), 0, 0, 0, 0, 0, 0],
+                                                        dtype=torch.float64)[:, None] * mask)
+
+
 def test_gae_matches_loop_with_holes():
     rewards, values = make_inputs()
     gamma, lam = 0.9, 0.8
@@ -218,7 +276,7 @@ def test_each_estimator_declares_what_it_needs():
         return {spec.name for spec in ADVANTAGE_ESTIMATORS.builtin_specs() if keep(spec)}
     assert names(lambda spec: spec.needs_critic) == {"gae"}
     assert names(lambda spec: spec.needs_groups) == {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo",
-                                                     "gpg"}
+                                                     "gpg", "grpo_passk"}
     assert names(lambda spec: spec.needs_greedy_baseline) == {"remax"}
     with pytest.raises(ValueError, match=r"unknown advantage estimator 'nope'; did you mean 'opo'\? valid names: .*gae"):
         ADVANTAGE_ESTIMATORS.spec("nope")

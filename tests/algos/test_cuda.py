@@ -7,6 +7,7 @@ import torch
 
 from asyncrl.algos import (
     ADVANTAGE_ESTIMATORS,
+    REJECTION_LEVELS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
     apply_kl_penalty,
@@ -90,3 +91,17 @@ def test_kl_correction_value_entropy_on_cuda():
             assert cuda_value == pytest.approx(cpu_value, rel=1e-5, abs=1e-6)
         else:
             torch.testing.assert_close(cuda_value, cpu_value)
+
+
+@pytest.mark.parametrize("level", [spec.name for spec in REJECTION_LEVELS.specs() if spec.is_divergence])
+def test_kl_rejection_on_cuda(level):
+    masks = []
+    for device in ("cpu", "cuda"):
+        batch = make_batch(device)
+        upper = {"token": 0.05, "seq_mean": 0.05, "seq_max": 0.3, "seq_sum": 0.8}[level[:-3]]
+        _, new_mask, metrics = compute_rollout_correction(batch["log_probs"], batch["old_log_probs"], batch["mask"],
+                                                          rs_level=level, rs_threshold=upper)
+        masks.append((new_mask.cpu(), metrics))
+    assert torch.equal(masks[1][0], masks[0][0])
+    assert 0 < masks[0][1]["rollout_corr/rs_fraction_rejected"] < 1  # the bound matters on this batch
+    assert masks[1][1] == pytest.approx(masks[0][1], rel=1e-5, abs=1e-6)

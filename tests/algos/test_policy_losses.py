@@ -16,6 +16,7 @@ MASK = torch.tensor(
     dtype=torch.float32,
 )
 LOW, HIGH, DUAL = 0.2, 0.28, 3.0
+TAU_POS, TAU_NEG = 1.5, 2.5  # not the defaults, so a loss that ignored them would fail
 
 
 def make_inputs(seed: int = 0):
@@ -52,7 +53,7 @@ def full_keywords(**overrides):
     keywords = dict(
         loss_agg_mode="token-mean", clip_ratio_low=LOW, clip_ratio_high=HIGH, clip_ratio_c=DUAL,
         rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=0.3,
-        clip_cov_lb=-10.0, clip_cov_ub=10.0, kl_cov_ratio=0.3, ppo_kl_coef=0.5,
+        clip_cov_lb=-10.0, clip_cov_ub=10.0, kl_cov_ratio=0.3, ppo_kl_coef=0.5, tau_pos=TAU_POS, tau_neg=TAU_NEG,
         generator=torch.Generator().manual_seed(5),
     )
     keywords.update(overrides)
@@ -169,6 +170,135 @@ def test_reinforce_is_weighted_policy_gradient():
     assert loss.item() == pytest.approx(reference_aggregate(per_token, MASK, "token-mean", 6))
     assert metrics["pg_clipfrac"] == 0.0
     assert metrics["ppo_kl"] == pytest.approx(ppo_kl_reference(log_probs, old_log_probs))
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_gpg_is_the_plain_policy_gradient(mode):
+    log_probs, old_log_probs, advantages, weights = make_inputs()
+    loss, metrics = POLICY_LOSSES["gpg"](log_probs, old_log_probs, advantages, MASK,
+                                         **full_keywords(loss_agg_mode=mode, rollout_is_weights=weights))
+    (gradient,) = torch.autograd.grad(loss, log_probs)
+    per_token = [[0.0] * 6 for _ in range(5)]
+    for i, row in enumerate(valid_positions(MASK)):
+        for t in row:  # no ratio, no clip: -w A logp, whatever old_log_probs are
+            per_token[i][t] = -float(weights[i, t]) * float(advantages[i, t]) * float(log_probs[i, t].detach())
+    assert loss.item() == pytest.approx(reference_aggregate(per_token, MASK, mode, norm_length=6))
+    assert metrics["pg_clipfrac"] == 0.0 and metrics["pg_clipfrac_lower"] == 0.0
+    assert metrics["ppo_kl"] == pytest.approx(ppo_kl_reference(log_probs, old_log_probs))
+    if mode == "token-mean":
+        num_tokens = int(MASK.sum())
+        expected = torch.where(MASK.bool(), -weights * advantages / num_tokens, 0.0)
+        torch.testing.assert_close(gradient, expected)
+
+
+def sapo_gate(logp: float, old: float, advantage: float) -> float:
+    tau = TAU_POS if advantage > 0 else TAU_NEG
+    ratio = math.exp(logp - old)
+    return 1.0 / (1.0 + math.exp(-tau * (ratio - 1.0))) * 4.0 / tau
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_sapo_matches_loop(mode):
+    log_probs, old_log_probs, advantages, _ = make_inputs()
+    loss, metrics = POLICY_LOSSES["sapo"](log_probs, old_log_probs, advantages, MASK,
+                                          **full_keywords(loss_agg_mode=mode))
+    (gradient,) = torch.autograd.grad(loss, log_probs)
+    per_token = per_token_reference(lambda lp, old, a: -a * sapo_gate(lp, old, a), log_probs, old_log_probs,
+                                    advantages)
+    assert loss.item() == pytest.approx(reference_aggregate(per_token, MASK, mode, norm_length=6))
+    assert metrics["pg_clipfrac"] == 0.0 and metrics["pg_clipfrac_lower"] == 0.0  # a soft gate never clips
+    assert metrics["ppo_kl"] == pytest.approx(ppo_kl_reference(log_probs, old_log_probs))
+    if mode == "token-mean":
+        num_tokens = int(MASK.sum())
+        for i, row in enumerate(valid_positions(MASK)):
+            for t in row:  # d/dlogp of -A f(rho) = -A 4 s (1 - s) rho, s the gate's sigmoid
+                logp, old = float(log_probs[i, t].detach()), float(old_log_probs[i, t])
+                advantage = float(advantages[i, t])
+                ratio = math.exp(logp - old)
+                sigmoid = sapo_gate(logp, old, advantage) * (TAU_POS if advantage > 0 else TAU_NEG) / 4.0
+                expected = -advantage * 4.0 * sigmoid * (1.0 - sigmoid) * ratio / num_tokens
+                assert float(gradient[i, t]) == pytest.approx(expected)
+
+
+def test_sapo_by_hand_and_its_slope_at_the_anchor_is_ppo():
+    """Token 0: rho = 1, A = 1 -> loss -sigmoid(0) 4 / 1 = -2. Token 1: rho = 2, A = -1, tau_neg = 1.05 ->
+    loss +sigmoid(1.05) 4 / 1.05. At rho = 1 the gradient is -A, the unclipped PPO gradient."""
+    old_log_probs = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    log_probs = (old_log_probs + torch.tensor([[0.0, math.log(2.0)]], dtype=torch.float64)).requires_grad_(True)
+    advantages = torch.tensor([[1.0, -1.0]], dtype=torch.float64)
+    loss, _ = POLICY_LOSSES["sapo"](log_probs, old_log_probs, advantages, torch.ones(1, 2),
+                                    loss_agg_mode="seq-mean-token-mean")  # the defaults 1.0 and 1.05
+    sigmoid = 1.0 / (1.0 + math.exp(-1.05))  # 0.7408
+    assert loss.item() == pytest.approx((-2.0 + sigmoid * 4.0 / 1.05) / 2)
+    (gradient,) = torch.autograd.grad(loss, log_probs)
+    assert float(gradient[0, 0]) == pytest.approx(-1.0 / 2)
+    assert float(gradient[0, 1]) == pytest.approx(4.0 * sigmoid * (1.0 - sigmoid) * 2.0 / 2)
+    with pytest.raises(ValueError, match="tau_pos=0.0 and tau_neg=1.05"):
+        POLICY_LOSSES["sapo"](log_probs, old_log_probs, advantages, torch.ones(1, 2), tau_pos=0.0)
+
+
+def geo_mean_reference(log_probs, old_log_probs, advantages, weights=None):
+    """Per sequence: the clipped log-ratios, s_i, and the per-token loss -A s_i (x the geometric mean weight)."""
+    per_token, ratios, clipped = [[0.0] * 6 for _ in range(5)], [1.0] * 5, [[False] * 6 for _ in range(5)]
+    for i, row in enumerate(valid_positions(MASK)):
+        log_ratios = []
+        for t in row:
+            log_ratio, advantage = float(log_probs[i, t].detach() - old_log_probs[i, t]), float(advantages[i, t])
+            if advantage > 0:
+                log_ratios.append(min(log_ratio, HIGH))
+            elif advantage < 0:
+                log_ratios.append(max(log_ratio, -LOW))
+            else:
+                log_ratios.append(0.0)
+            clipped[i][t] = (advantage > 0 and log_ratio > HIGH) or (advantage < 0 and log_ratio < -LOW)
+        ratios[i] = math.exp(sum(log_ratios) / len(log_ratios)) if row else 1.0
+        factor = math.exp(sum(math.log(float(weights[i, t])) for t in row) / len(row)) if weights is not None \
+            and row else 1.0
+        for t in row:
+            per_token[i][t] = -float(advantages[i, t]) * ratios[i] * factor
+    return per_token, ratios, clipped
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_geo_mean_matches_loop(mode):
+    log_probs, old_log_probs, advantages, weights = make_inputs()
+    loss, metrics = POLICY_LOSSES["geo_mean"](log_probs, old_log_probs, advantages, MASK,
+                                              **full_keywords(loss_agg_mode=mode, rollout_is_weights=weights))
+    (gradient,) = torch.autograd.grad(loss, log_probs)
+    per_token, ratios, clipped = geo_mean_reference(log_probs, old_log_probs, advantages, weights)
+    assert loss.item() == pytest.approx(reference_aggregate(per_token, MASK, mode, norm_length=6))
+    num_clipped = sum(clipped[i][t] for i, row in enumerate(valid_positions(MASK)) for t in row)
+    assert 0 < num_clipped and metrics["pg_clipfrac"] == pytest.approx(num_clipped / int(MASK.sum()))
+    assert metrics["pg_clipfrac_lower"] == 0.0  # no dual clip
+    assert metrics["ppo_kl"] == pytest.approx(ppo_kl_reference(log_probs, old_log_probs))
+    if mode == "seq-mean-token-mean":
+        rows = valid_positions(MASK)
+        num_seqs = sum(1 for row in rows if row)
+        for i, row in enumerate(rows):
+            for t in row:  # d/dlogp_it of mean_t(-A_it s_i w_i) = -mean(A_i) w_i s_i / n_i, 0 when clipped
+                mean_advantage = sum(float(advantages[i, j]) for j in row) / len(row)
+                factor = -per_token[i][t] / float(advantages[i, t]) / ratios[i]  # the sequence's weight
+                expected = 0.0 if clipped[i][t] else -mean_advantage * factor * ratios[i] / len(row) / num_seqs
+                assert float(gradient[i, t]) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("sign", "log_ratios", "kept"), [(1.0, [0.5, -0.1], [0.2, -0.1]),
+                                                           (-1.0, [0.5, -0.3], [0.5, -0.2])])
+def test_geo_mean_by_hand(sign, log_ratios, kept):
+    """One sequence of two tokens, clip 0.2 on each side: A > 0 clips only the rising log-ratio 0.5 to 0.2;
+    A < 0 clips only the falling -0.3 to -0.2. s = exp(mean of what is kept); loss = -A s."""
+    old_log_probs = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    log_probs = (old_log_probs + torch.tensor([log_ratios], dtype=torch.float64)).requires_grad_(True)
+    advantages = torch.full((1, 2), sign, dtype=torch.float64)
+    loss, metrics = POLICY_LOSSES["geo_mean"](log_probs, old_log_probs, advantages, torch.ones(1, 2),
+                                              loss_agg_mode="seq-mean-token-mean")
+    ratio = math.exp(sum(kept) / 2)
+    assert loss.item() == pytest.approx(-sign * ratio)
+    assert metrics["pg_clipfrac"] == pytest.approx(0.5)
+    (gradient,) = torch.autograd.grad(loss, log_probs)
+    clipped_token = 0 if sign > 0 else 1
+    assert float(gradient[0, clipped_token]) == 0.0
+    assert float(gradient[0, 1 - clipped_token]) == pytest.approx(-sign * ratio / 2)
 
 
 @pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
@@ -305,5 +435,5 @@ def test_the_losses_that_declare_a_host_read_do_read_the_host(name):
 def test_what_a_cuda_graph_may_capture_is_what_never_reads_the_host():
     capturable = {spec.name for spec in POLICY_LOSSES.builtin_specs() if spec.capturable}
     host_readers = {spec.name for spec in POLICY_LOSSES.builtin_specs() if spec.host_read is not None}
-    assert capturable == {"vanilla", "gspo", "cispo", "reinforce"}
+    assert capturable == {"vanilla", "gspo", "cispo", "reinforce", "gpg", "sapo", "geo_mean"}
     assert host_readers == {"clip_cov", "kl_cov"}

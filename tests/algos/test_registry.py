@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.algos import ADVANTAGE_ESTIMATORS, CORRECTION_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+from asyncrl.algos import (
+    ADVANTAGE_ESTIMATORS,
+    CORRECTION_LEVELS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    REJECTION_LEVELS,
+    ROLLOUT_CORRECTION_PRESETS,
+)
 from asyncrl.algos.masked import masked_mean, masked_sum
 from asyncrl.algos.registry import Entry, Registry, column
 
@@ -75,7 +83,8 @@ def test_builtin_specs_are_the_entries_defined_in_asyncrl_algos():
 
 
 @pytest.mark.parametrize("registry", [ADVANTAGE_ESTIMATORS, POLICY_LOSSES, KL_ESTIMATORS, LOSS_AGG_MODES,
-                                      CORRECTION_LEVELS], ids=lambda registry: registry.family)
+                                      CORRECTION_LEVELS, REJECTION_LEVELS, ROLLOUT_CORRECTION_PRESETS],
+                         ids=lambda registry: registry.family)
 def test_every_shipped_entry_has_a_summary(registry):
     assert registry.builtin_specs() and all(spec.summary for spec in registry.builtin_specs())
 
