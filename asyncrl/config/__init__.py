@@ -1,13 +1,15 @@
-"""Typed configuration: `load_config(path, overrides)` returns a validated `AsyncRLConfig`."""
+"""Typed configuration: `load_config(path, overrides)` returns a validated `AsyncRLConfig`;
+`check_environment(config)` checks what it asks of this machine (a CUDA device, a resume folder) before Ray."""
 
+from asyncrl.config.environment import check_environment
 from asyncrl.config.errors import ConfigError
-from asyncrl.config.invariants import needs_critic, needs_reference
+from asyncrl.config.invariants import needs_critic, needs_reference, prompts_per_step
 from asyncrl.config.loader import dump_config, load_config
 from asyncrl.config.schema import (ActorConfig, AlgorithmConfig, AsyncRLConfig, AsyncTrainingConfig, CriticConfig,
                                    DataConfig, ModelConfig, RolloutConfig, RolloutCorrectionConfig, TrainerConfig)
 
 __all__ = [
     "ActorConfig", "AlgorithmConfig", "AsyncRLConfig", "AsyncTrainingConfig", "ConfigError", "CriticConfig",
-    "DataConfig", "ModelConfig", "RolloutConfig", "RolloutCorrectionConfig", "TrainerConfig", "dump_config",
-    "load_config", "needs_critic", "needs_reference",
+    "DataConfig", "ModelConfig", "RolloutConfig", "RolloutCorrectionConfig", "TrainerConfig", "check_environment",
+    "dump_config", "load_config", "needs_critic", "needs_reference", "prompts_per_step",
 ]

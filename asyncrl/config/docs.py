@@ -43,8 +43,12 @@ asyncrl config show examples/grpo.yaml rollout.n=8     # print the resolved conf
 Leaf names follow verl without its `actor_rollout_ref.` prefix. `data.train_batch_size` and the
 `ppo_mini_batch_size` keys count prompts; `*_micro_batch_size_per_gpu` keys count rows (responses), and
 each prompt yields `rollout.n` rows. An unknown key, a value of the wrong type or a value outside its bounds
-fails at start, naming the key; a misspelt algorithm name fails naming the closest registered one.
-Cross-field rules live in `asyncrl/config/invariants.py`.
+fails at start, naming the key; a misspelt algorithm name fails naming the closest registered one. Beyond
+the bounds column, every float must be finite (NaN and infinities are refused for every key) and every
+integer must fit in 64 bits. A YAML file that repeats a key or a section fails, naming both lines.
+Cross-field rules live in `asyncrl/config/invariants.py`; what a config asks of the machine (a CUDA device
+for `trainer.device=cuda`, the folder `trainer.resume` names) is checked before Ray starts
+(`asyncrl/config/environment.py`).
 """
 
 

@@ -3,6 +3,13 @@
 Each rule raises `ConfigError` naming the keys involved and their values. What an algorithm needs (a critic,
 groups of responses, a replayable loss) is read from its registry entry's metadata in `asyncrl.algos`, so a
 newly registered estimator or loss is checked like a built-in one.
+
+The batch rules hold in every mode, over the prompts one training step trains (`prompts_per_step`):
+`data.train_batch_size` in sync and one_step_off, R = actor.ppo_mini_batch_size x
+async_training.require_batches in fully_async, where a step takes whole mini-batches from the queue. So in
+fully_async an actor mini-batch is never larger than a step (R is a whole number of them) and
+`data.train_batch_size` sizes nothing; the critic's mini-batch must divide R as it divides the batch elsewhere.
+The rules that differ by mode are the fully_async keys themselves (`check_async`).
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ def cuda_decode_takes_block_size(block_size: int) -> bool:
 
 def check_invariants(config: AsyncRLConfig) -> None:
     check_batch_sizes(config)
+    check_optimizers(config)
+    check_policy_loss(config)
     check_algorithm(config)
     check_async(config)
     check_cuda_graphs(config)
@@ -30,29 +39,60 @@ def check_invariants(config: AsyncRLConfig) -> None:
     unknown_loggers = sorted(set(config.trainer.logger) - LOGGERS)
     if unknown_loggers:
         raise ConfigError(f"trainer.logger: unknown tracker(s) {unknown_loggers}; valid: {sorted(LOGGERS)}")
-    if config.trainer.resume not in ("auto", "disable") and not config.trainer.resume:
-        raise ConfigError("trainer.resume must be auto, disable, or a checkpoint folder")
+    if not config.trainer.resume:
+        raise ConfigError("trainer.resume: '' is empty; give auto, disable, or a checkpoint folder")
+
+
+def prompts_per_step(config: AsyncRLConfig) -> int:
+    """Prompts one training step trains: R = actor.ppo_mini_batch_size x async_training.require_batches in
+    fully_async, data.train_batch_size in the other modes. What counts a run's steps (the learning-rate
+    schedule's length) divides the prompts by this."""
+    if config.trainer.mode == "fully_async":
+        return config.actor.ppo_mini_batch_size * config.async_training.require_batches
+    return config.data.train_batch_size
+
+
+def step_batch_text(config: AsyncRLConfig) -> str:
+    """The key (or product of keys) that sets `prompts_per_step` in this mode, for messages."""
+    if config.trainer.mode == "fully_async":
+        return ("the prompts of a fully_async step, actor.ppo_mini_batch_size x async_training.require_batches "
+                f"= {prompts_per_step(config)}")
+    return f"data.train_batch_size ({config.data.train_batch_size})"
 
 
 def check_batch_sizes(config: AsyncRLConfig) -> None:
-    data, actor, critic = config.data, config.actor, config.critic
-    if config.trainer.mode != "fully_async" and data.train_batch_size % actor.ppo_mini_batch_size:
+    actor, critic = config.actor, config.critic
+    prompts = prompts_per_step(config)
+    # Never true in fully_async, where R is a whole number of actor mini-batches by its definition.
+    if prompts % actor.ppo_mini_batch_size:
         raise ConfigError(
             f"actor.ppo_mini_batch_size must divide data.train_batch_size, got "
-            f"{actor.ppo_mini_batch_size} and {data.train_batch_size}")
-    if needs_critic(config) and config.trainer.mode != "fully_async" \
-            and data.train_batch_size % critic.ppo_mini_batch_size:
+            f"{actor.ppo_mini_batch_size} and {prompts}: each step's prompts split into whole mini-batches, one "
+            f"optimizer step each")
+    if needs_critic(config) and prompts % critic.ppo_mini_batch_size:
         raise ConfigError(
-            f"critic.ppo_mini_batch_size must divide data.train_batch_size, got "
-            f"{critic.ppo_mini_batch_size} and {data.train_batch_size}")
+            f"critic.ppo_mini_batch_size ({critic.ppo_mini_batch_size}) must divide {step_batch_text(config)}: "
+            f"each step's prompts split into whole critic mini-batches")
     world_size = config.trainer.n_gpus_per_node * config.trainer.nnodes
     rows = actor.ppo_mini_batch_size * config.rollout.n
     if rows % world_size:
         raise ConfigError(
             f"actor.ppo_mini_batch_size x rollout.n ({rows} rows) must be divisible by the trainer world size "
             f"trainer.n_gpus_per_node x trainer.nnodes = {world_size}")
-    if len(config.actor.optim.betas) != 2:
-        raise ConfigError(f"actor.optim.betas must hold two numbers, got {config.actor.optim.betas}")
+
+
+def check_optimizers(config: AsyncRLConfig) -> None:
+    for key, optim in (("actor.optim", config.actor.optim), ("critic.optim", config.critic.optim)):
+        if len(optim.betas) != 2:
+            raise ConfigError(f"{key}.betas must hold two numbers (beta1, beta2), got {optim.betas}")
+
+
+def check_policy_loss(config: AsyncRLConfig) -> None:
+    policy_loss = config.actor.policy_loss
+    if policy_loss.clip_cov_lb >= policy_loss.clip_cov_ub:
+        # clip_cov picks tokens whose covariance lies between the two: an empty range would pick none, silently.
+        raise ConfigError(f"actor.policy_loss.clip_cov_lb ({policy_loss.clip_cov_lb}) must be below "
+                          f"actor.policy_loss.clip_cov_ub ({policy_loss.clip_cov_ub})")
 
 
 def check_algorithm(config: AsyncRLConfig) -> None:
@@ -74,19 +114,24 @@ def check_algorithm(config: AsyncRLConfig) -> None:
     correction = algorithm.rollout_correction
     lower, upper = correction.rollout_rs_threshold_lower, correction.rollout_rs_threshold
     if correction.rollout_rs is not None and lower is None and upper is None:
-        raise ConfigError("algorithm.rollout_correction.rollout_rs is set but neither rollout_rs_threshold nor "
-                          "rollout_rs_threshold_lower is")
+        raise ConfigError(f"algorithm.rollout_correction.rollout_rs={correction.rollout_rs} is set but neither "
+                          f"rollout_rs_threshold nor rollout_rs_threshold_lower is; set one of them")
     if lower is not None and upper is not None and lower >= upper:
         raise ConfigError(f"algorithm.rollout_correction.rollout_rs_threshold_lower ({lower}) must be below "
                           f"rollout_rs_threshold ({upper})")
 
 
 def check_async(config: AsyncRLConfig) -> None:
+    """The two keys that ask for stale or resumed samples are refused outside fully_async: a sync or one_step_off
+    run would silently deliver neither. The keys that only shape the fully_async queue (K, require_batches,
+    max_concurrent_samples) are accepted and unused elsewhere, so that one config runs in every mode (`asyncrl
+    bench modes` sets require_batches for all of them)."""
     asynchronous = config.async_training
     if config.trainer.mode != "fully_async" and (asynchronous.partial_rollout or asynchronous.staleness_threshold):
         raise ConfigError(
             f"async_training.partial_rollout / staleness_threshold only apply to trainer.mode=fully_async, "
-            f"got trainer.mode={config.trainer.mode}")
+            f"got trainer.mode={config.trainer.mode} with partial_rollout={asynchronous.partial_rollout}, "
+            f"staleness_threshold={asynchronous.staleness_threshold}")
 
 
 def check_cuda_graphs(config: AsyncRLConfig) -> None:

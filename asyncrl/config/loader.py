@@ -2,16 +2,19 @@
 
     cfg = load_config("run.yaml", ["actor.optim.lr=1e-5", "trainer.mode=fully_async"])
 
-Errors are `ConfigError` (a ValueError) naming the dotted key, the bad value and, for an unknown key or an
-unregistered algorithm name, the closest valid one. Cross-field invariants run last
-(`invariants.check_invariants`).
+Errors are `ConfigError` (a ValueError) naming the dotted key, the bad value and what is allowed; for an
+unknown key or an unregistered algorithm name, the closest valid one. Every float must be finite (NaN and
+infinities are refused whatever the key) and every int must fit in 64 bits; each field's own bounds come
+from its metadata (`fields.option`). Cross-field invariants run last (`invariants.check_invariants`). What
+the machine decides (a CUDA device, a resume folder) is checked later, before Ray starts
+(`environment.check_environment`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
+import math
 import types
 import typing
 from pathlib import Path
@@ -20,28 +23,13 @@ from typing import Any, Literal, Union
 import yaml
 
 from asyncrl.config.errors import ConfigError
+from asyncrl.config.fields import bounds_text, is_within_bounds
 from asyncrl.config.invariants import check_invariants, resolve_critic
 from asyncrl.config.schema import AsyncRLConfig
+from asyncrl.config.yaml_reader import load_yaml, read_yaml
 
-
-class ConfigYamlLoader(yaml.SafeLoader):
-    """YAML 1.1 without base-60 numbers: `2:6` (a length range) stays the string it looks like, where the
-    plain safe loader reads it as 126."""
-
-
-INT_TAG, FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-ConfigYamlLoader.yaml_implicit_resolvers = {
-    first: [(tag, pattern) for tag, pattern in resolvers if tag not in (INT_TAG, FLOAT_TAG)]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-ConfigYamlLoader.add_implicit_resolver(INT_TAG, re.compile(
-    r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
-ConfigYamlLoader.add_implicit_resolver(FLOAT_TAG, re.compile(
-    r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
-    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
-
-
-def load_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=ConfigYamlLoader)  # noqa: S506 - a safe loader, minus base-60 numbers
+# Every integer reaches torch or numpy as an int64 somewhere (seeds, sizes, counts).
+MAX_INT = 2**63 - 1
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
@@ -60,27 +48,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return config
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        tree = load_yaml(path.read_text())
-    except yaml.YAMLError as error:
-        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
-    if tree is None:
-        return {}
-    if not isinstance(tree, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at the top, got {type(tree).__name__}")
-    return tree
-
-
 def parse_override(text: str) -> tuple[str, Any]:
     """'actor.optim.lr=1e-5' -> ('actor.optim.lr', '1e-5' parsed as YAML)."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} must look like key.path=value")
     try:
-        value = load_yaml(raw) if raw.strip() else ""
+        value = load_yaml(raw, f"override {text!r}") if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
@@ -161,16 +135,25 @@ def coerce_scalar(annotation: type, value: Any, key: str) -> Any:
             return value
     elif annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > MAX_INT:
+                raise ConfigError(f"{key}: {value} does not fit in a 64-bit integer (at most {MAX_INT} either way)")
             return value
     elif annotation is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             # YAML 1.1 reads '1e-5' (no dot) as a string; accept any float spelling.
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+        if number is not None:
+            if not math.isfinite(number):
+                # NaN passes no comparison and inf every upper-unbounded one: neither means anything as a
+                # setting, and both would surface only in a worker, as a NaN loss or a wait that never ends.
+                raise ConfigError(f"{key}: {number} is not a finite number; every float setting must be finite")
+            return number
     elif annotation is str:
         if isinstance(value, str):
             return value
@@ -180,15 +163,15 @@ def coerce_scalar(annotation: type, value: Any, key: str) -> Any:
 
 
 def check_bounds(field: dataclasses.Field, value: Any, key: str) -> None:
+    """A number against its field's bounds; a list's bounds hold for each of its items."""
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            check_bounds(field, item, f"{key}[{index}]")
+        return
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
-    meta = field.metadata
-    checks = (("ge", lambda b: value >= b, ">="), ("gt", lambda b: value > b, ">"),
-              ("le", lambda b: value <= b, "<="), ("lt", lambda b: value < b, "<"))
-    for name, holds, symbol in checks:
-        bound = meta.get(name)
-        if bound is not None and not holds(bound):
-            raise ConfigError(f"{key}: {value!r} is out of range, must be {symbol} {bound}")
+    if not is_within_bounds(field, value):
+        raise ConfigError(f"{key}: {value!r} is out of range, must be {bounds_text(field)}")
 
 
 def check_choice(field: dataclasses.Field, value: Any, key: str) -> None:

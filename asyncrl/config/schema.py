@@ -18,6 +18,20 @@ from asyncrl.algos import ADVANTAGE_ESTIMATORS, CORRECTION_LEVELS, KL_ESTIMATORS
 from asyncrl.config.fields import option, section
 
 Mode = Literal["sync", "one_step_off", "fully_async"]
+
+# The longest wait any timeout may ask for. The operating system's poll, which the reward processes are waited
+# on with, takes at most 2**31 - 1 milliseconds (24.8 days); a round bound below it, for every timeout alike.
+MAX_WAIT_S = 1e6
+# The largest KV-cache block. Larger blocks decode no faster (the Triton kernel's largest tile is 512
+# positions, at head dimension 16; the CUDA kernel's is 16) and waste KV memory, since every sequence holds
+# whole blocks: a huge one leaves no block at all within the cache budget, which an engine finds only once
+# it starts.
+MAX_BLOCK_SIZE = 512
+# Seeds: numpy takes non-negative ones only; the trainer derives per-step seeds as seed x 100019 + step,
+# which stays within torch's 64 bits below this bound.
+MAX_SEED = 2**32 - 1
+# Memory limits become bytes for setrlimit, a signed 64-bit number; 2**30 MiB (1 PiB) is far below it.
+MAX_MEMORY_MB = 2**30
 DecodeAttention = Literal["auto", "triton", "cuda"]
 DecodeProducts = Literal["auto", "fused", "torch"]
 
@@ -40,14 +54,16 @@ class DataConfig:
     prompt_key: str = option("prompt", "column holding the chat messages of a prompt")
     max_prompt_length: int = option(128, "maximum prompt length in tokens, chat template included", gt=0)
     max_response_length: int = option(64, "maximum number of generated tokens per response", gt=0)
-    train_batch_size: int = option(16, "prompts per training step (each generates rollout.n responses)", gt=0)
+    train_batch_size: int = option(
+        16, "prompts per training step in sync and one_step_off (each generates rollout.n responses); fully_async "
+            "steps train actor.ppo_mini_batch_size x async_training.require_batches prompts instead", gt=0)
     val_batch_size: int = option(256, "prompts per validation generation call", gt=0)
     filter_overlong_prompts: bool = option(
         True, "drop prompts longer than max_prompt_length (counted and logged); false applies data.truncation")
     truncation: Literal["error", "left", "right"] = option(
         "error", "what to do with an overlong prompt when filtering is off: fail, or keep its left/right part")
     shuffle: bool = option(True, "shuffle the training prompts every epoch")
-    seed: int = option(1, "seed of the training-prompt order")
+    seed: int = option(1, "seed of the training-prompt order", ge=0, le=MAX_SEED)
     apply_chat_template: bool = option(True, "format prompts with the tokenizer's chat template")
     chat_template_fallback: Literal["error", "plain"] = option(
         "error", "when the tokenizer has no chat template: error = fail naming the tokenizer folder, plain = "
@@ -65,7 +81,7 @@ class ValSamplingConfig:
     n: int = option(1, "responses per validation prompt; > 1 reports pass@n", gt=0)
     temperature: float = option(0.0, "validation temperature; 0 is greedy", ge=0.0)
     top_p: float = option(1.0, "validation nucleus threshold", gt=0.0, le=1.0)
-    top_k: int = option(-1, "validation top-k; -1 disables", ge=-1)
+    top_k: int = option(-1, "validation top-k; -1 disables", ge=1, also_allowed=(-1,))
 
 
 @dataclass
@@ -73,18 +89,19 @@ class RolloutConfig:
     n: int = option(4, "responses sampled per prompt (the group size of GRPO-family estimators)", gt=0)
     temperature: float = option(1.0, "sampling temperature; the trainer's log-probs use the same", gt=0.0)
     top_p: float = option(1.0, "nucleus sampling threshold", gt=0.0, le=1.0)
-    top_k: int = option(-1, "top-k sampling; -1 disables", ge=-1)
+    top_k: int = option(-1, "top-k sampling; -1 disables", ge=1, also_allowed=(-1,))
     ignore_eos: bool = option(False, "keep generating after EOS up to the token budget (benchmarks)")
     length_distribution: str = option(
         "", "benchmark workloads: per-request token budgets, 'N', 'LOW:HIGH' or 'lognormal:MEDIAN:CAP[:SIGMA]' "
             "(capped at data.max_response_length; with ignore_eos every request generates its budget); "
             "empty = every request may use data.max_response_length")
-    seed: int = option(0, "base seed of per-request sampling seeds")
+    seed: int = option(0, "base seed of per-request sampling seeds", ge=0, le=MAX_SEED)
     max_num_seqs: int = option(256, "maximum sequences decoded together by one engine", gt=0)
     max_num_batched_tokens: int = option(8192, "maximum tokens in one engine forward (prefill chunk)", gt=0)
     block_size: int = option(16, "tokens per KV-cache block. The CUDA decode kernel takes powers of two from 16; "
                                  "other sizes decode with the Triton kernel (a multiple of its tile, 128 positions "
-                                 "at head dimension 64, makes it read each tile from one block)", gt=0)
+                                 "at head dimension 64, makes it read each tile from one block); larger blocks only "
+                                 "waste KV memory, every sequence holding whole blocks", gt=0, le=MAX_BLOCK_SIZE)
     gpu_memory_utilization: float = option(
         0.5, "fraction of device memory the engine may take on GPU, weights included", gt=0.0, le=1.0)
     cpu_kv_cache_mb: int = option(256, "KV-cache byte budget of the engine on CPU, in MiB", gt=0)
@@ -111,22 +128,25 @@ class RolloutConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = option(1e-6, "peak learning rate", ge=0.0)
-    betas: list[float] = option([0.9, 0.999], "AdamW betas")
+    lr: float = option(1e-6, "peak learning rate; 0 computes gradients and metrics without moving the weights",
+                       ge=0.0)
+    betas: list[float] = option([0.9, 0.999], "AdamW betas (beta1, beta2): decay rates of the gradient's moving "
+                                              "averages", ge=0.0, lt=1.0)
     eps: float = option(1e-8, "AdamW epsilon", gt=0.0)
     weight_decay: float = option(0.01, "AdamW weight decay", ge=0.0)
     lr_warmup_steps: int = option(-1, "linear warmup steps; -1 uses lr_warmup_steps_ratio", ge=-1)
     lr_warmup_steps_ratio: float = option(0.0, "warmup as a fraction of the total steps", ge=0.0, le=1.0)
     lr_scheduler_type: Literal["constant", "cosine"] = option("constant", "schedule after warmup")
     min_lr_ratio: float = option(0.0, "cosine floor as a fraction of lr", ge=0.0, le=1.0)
-    total_training_steps: int = option(-1, "optimizer steps of the run for the schedule; -1 = derived", ge=-1)
+    total_training_steps: int = option(-1, "optimizer steps of the run for the schedule; -1 = derived", ge=1,
+                                       also_allowed=(-1,))
 
 
 @dataclass
 class PolicyLossConfig:
     loss_mode: str = option("vanilla", "policy loss", choices=POLICY_LOSSES)
     clip_cov_ratio: float = option(2e-4, "clip_cov: fraction of tokens detached", ge=0.0, le=1.0)
-    clip_cov_lb: float = option(1.0, "clip_cov: lower covariance bound")
+    clip_cov_lb: float = option(1.0, "clip_cov: lower covariance bound (below clip_cov_ub)")
     clip_cov_ub: float = option(5.0, "clip_cov: upper covariance bound")
     kl_cov_ratio: float = option(2e-4, "kl_cov: fraction of tokens penalised", ge=0.0, le=1.0)
     ppo_kl_coef: float = option(0.1, "kl_cov: coefficient of the |log-ratio| penalty", ge=0.0)
@@ -160,7 +180,8 @@ class ActorConfig:
 
 @dataclass
 class CriticOptimDefaults(OptimConfig):
-    lr: float = option(1e-5, "peak learning rate", ge=0.0)
+    lr: float = option(1e-5, "peak learning rate; 0 computes gradients and metrics without moving the weights",
+                       ge=0.0)
 
 
 @dataclass
@@ -225,20 +246,21 @@ class RewardConfig:
     custom_function: str = option(
         "", "user scorer 'path/to/file.py:function' or 'package.module:function'; empty = built-in "
             "scorer chosen by each row's data_source")
-    timeout_s: float = option(10.0, "per-sample time limit; a scorer past it scores 0 and is counted", gt=0.0)
+    timeout_s: float = option(10.0, "per-sample time limit; a scorer past it scores 0 and is counted", gt=0.0,
+                              le=MAX_WAIT_S)
     num_workers: int = option(1, "scoring processes (capped at 4 per CPU, with a warning)", gt=0)
     import_timeout_s: float = option(
         120.0, "time a scoring process may take to import the reward function; a file that hangs, exits or "
-               "raises at import fails the run before Ray starts, naming the file", gt=0.0)
+               "raises at import fails the run before Ray starts, naming the file", gt=0.0, le=MAX_WAIT_S)
     max_batch_s: Optional[float] = option(
         None, "cap on one scoring call over a batch; samples left at the cap score 0 as timeouts; null = none",
-        gt=0.0)
+        gt=0.0, le=MAX_WAIT_S)
     max_memory_mb: Optional[int] = option(
         None, "memory limit of each scoring process (Linux); a scorer past it scores 0 and is counted; "
-              "null = none", gt=0)
+              "null = none", gt=0, le=MAX_MEMORY_MB)
     max_cpu_s: Optional[int] = option(
         None, "CPU seconds a scoring process may spend on one sample (Linux); past it the process is "
-              "replaced and the sample scores 0; null = none", gt=0)
+              "replaced and the sample scores 0; null = none", gt=0, le=int(MAX_WAIT_S))
 
 
 @dataclass
@@ -248,14 +270,19 @@ class TrainerConfig:
     experiment_name: str = option("run", "tracker run name")
     output_dir: str = option("outputs/run", "run folder: config.yaml, metrics.jsonl, checkpoints, plots, ...")
     total_epochs: int = option(1, "passes over the training prompts", gt=0)
-    total_steps: int = option(-1, "stop after this many training steps; -1 = run all epochs", ge=-1)
+    total_steps: int = option(-1, "stop after this many training steps; -1 = run all epochs", ge=1,
+                              also_allowed=(-1,))
     test_freq: int = option(-1, "validate every N steps; <= 0 validates only before and after training")
     val_before_train: bool = option(True, "validate before the first step")
     save_freq: int = option(-1, "checkpoint every N steps; <= 0 saves only at the end")
     max_checkpoints: int = option(3, "checkpoints kept; older ones are deleted", gt=0)
-    resume: str = option("auto", "auto (latest checkpoint if any), disable, or a checkpoint folder")
-    seed: int = option(1, "seed of model init, dropout-free training order and sampling")
-    device: Literal["auto", "cpu", "cuda"] = option("auto", "auto = cuda when available")
+    resume: str = option("auto", "auto (latest checkpoint under output_dir, if any), disable, or a checkpoint "
+                                 "folder (output_dir/checkpoints/step_N), which must exist")
+    seed: int = option(1, "seed of model init, dropout-free training order and sampling", ge=0, le=MAX_SEED)
+    device: Literal["auto", "cpu", "cuda"] = option(
+        "auto", "auto = cuda when available; cuda fails before Ray starts when the driver sees no CUDA device and "
+                "ray.address is empty (a cluster joined through ray.address may have GPUs the driver lacks: its "
+                "workers check their own)")
     n_gpus_per_node: int = option(1, "trainer devices per node (CPU slots on CPU)", gt=0)
     nnodes: int = option(1, "trainer nodes", gt=0)
     critic_warmup: int = option(0, "steps that train only the critic", ge=0)
@@ -280,14 +307,14 @@ class AsyncTrainingConfig:
 @dataclass
 class WeightSyncConfig:
     bucket_mb: int = option(256, "bucket size of the bucketed broadcast, MiB", gt=0)
-    timeout_s: float = option(120.0, "limit on each step of a weight sync", gt=0.0)
+    timeout_s: float = option(120.0, "limit on each step of a weight sync", gt=0.0, le=MAX_WAIT_S)
 
 
 @dataclass
 class RayConfig:
     address: str = option("", "existing Ray cluster to join; empty starts a local one")
-    num_cpus: Optional[float] = option(None, "CPUs of the local cluster; null = all cores", gt=0.0)
-    rpc_timeout_s: float = option(600.0, "limit on any remote call's result", gt=0.0)
+    num_cpus: Optional[int] = option(None, "CPUs of the local cluster, a whole number; null = all cores", gt=0)
+    rpc_timeout_s: float = option(600.0, "limit on any remote call's result", gt=0.0, le=MAX_WAIT_S)
     trainer_node_resource: str = option(
         "", "custom Ray resource that places the trainer ranks (start their nodes with `ray start --resources "
             "'{\"NAME\": 1}'`); empty = any node")
@@ -295,7 +322,7 @@ class RayConfig:
         "", "custom Ray resource that places the rollout replicas; empty = any node")
     watchdog_s: float = option(
         600.0, "fully_async: no sample reaching the trainer for this long stops the run with every "
-               "component's state", gt=0.0)
+               "component's state", gt=0.0, le=MAX_WAIT_S)
 
 
 @dataclass
