@@ -71,7 +71,7 @@ def command_data_make(options: argparse.Namespace) -> int:
 def command_train(options: argparse.Namespace) -> int:
     path, overrides = split_config_args(options.args)
     config = load_config(path, overrides)  # validated before anything starts
-    from asyncrl.recipes.launch import train
+    from asyncrl.launch import train
     summary = train(config)
     verb = f"stopped by {summary['stopped_by']} after" if "stopped_by" in summary else "finished"
     print(f"{verb} {summary['steps']} steps in {summary['wall_time_s']:.0f}s; outputs in {summary['output_dir']}")
@@ -79,7 +79,7 @@ def command_train(options: argparse.Namespace) -> int:
 
 
 def command_demo(options: argparse.Namespace) -> int:
-    from asyncrl.recipes.demo import DEFAULT_MODE, run_demo
+    from asyncrl.launch.demo import DEFAULT_MODE, run_demo
     run_demo(options.out, mode=options.mode or DEFAULT_MODE, overrides=options.overrides)
     return 0
 

@@ -16,7 +16,7 @@ last round are discarded; when the cap is reached first, the batch is topped up 
 Every prompt drawn counts as consumed, so checkpoints and resume stay exact. The rest of the step is the
 sync recipe's, stage for stage.
 
-What it reuses: the runtime (`build_runtime`), `RunState` (data cursor, validation cadence, checkpoints,
+What it reuses: the runtime (`build_runtime`), `TrainingLoop` (data cursor, validation cadence, checkpoints,
 end of run) and the `PPOCore` stages; what it adds is the generation loop `collect_groups_with_signal`
 and four small pure functions. Metrics added per step: `dapo/num_gen_rounds`, `dapo/num_generated_groups`,
 `dapo/num_groups_with_signal`, `dapo/kept_group_fraction` (groups with signal / groups generated),
@@ -36,9 +36,10 @@ from typing import Any, Sequence
 
 from asyncrl.cli import USER_ERRORS, split_config_args
 from asyncrl.config import AsyncRLConfig, ConfigError, load_config
+from asyncrl.core import Runtime
 from asyncrl.core.records import Sample
-from asyncrl.recipes.run_state import RunState
-from asyncrl.recipes.runtime import Runtime, build_runtime
+from asyncrl.launch import build_runtime
+from asyncrl.recipes.training_loop import TrainingLoop
 
 DEFAULT_MAX_GEN_ROUNDS = 8
 
@@ -82,20 +83,14 @@ class DynamicSamplingRecipe:
             raise ValueError(f"max_gen_rounds must be at least 1, got {max_gen_rounds}")
         self.runtime = runtime
         self.core = runtime.core
-        self.state = RunState.create(runtime)
+        self.loop = TrainingLoop.create(runtime)
         self.max_gen_rounds = max_gen_rounds
 
     def step(self, step: int) -> tuple[dict[str, float], list[Sample]]:
         """One training step on a batch of groups with signal; returns its metrics and the trained samples."""
         metrics: dict[str, float] = {}
         samples = self.collect_groups_with_signal(step, metrics)
-        batch = self.core.build_batch(samples, metrics)
-        batch = self.core.compute_old_log_prob(batch, metrics)
-        batch = self.core.compute_ref_log_prob(batch, metrics)
-        batch = self.core.compute_values(batch, metrics)
-        batch = self.core.compute_advantage(batch, metrics)
-        self.core.update_critic(batch, step, metrics)
-        self.core.update_actor(batch, step, metrics)
+        self.core.train(samples, step, metrics)
         self.core.sync_weights(metrics)
         return metrics, samples
 
@@ -107,7 +102,7 @@ class DynamicSamplingRecipe:
         scores: list[float] = []
         num_rounds = 0
         while len(with_signal) < num_groups and num_rounds < self.max_gen_rounds:
-            prompts, salts = self.state.next_prompts()
+            prompts, salts = self.loop.next_prompts()
             if not prompts:  # the last epoch ran out mid-step: train on what there is
                 break
             num_rounds += 1
@@ -134,24 +129,24 @@ class DynamicSamplingRecipe:
         pass
 
     def has_next(self) -> bool:
-        return not self.state.is_done
+        return not self.loop.is_done
 
     def maybe_checkpoint(self) -> None:
-        self.state.maybe_save()  # every prompt drawn was trained or dropped within its step
+        self.loop.maybe_save()  # every prompt drawn was trained or dropped within its step
 
     def finish_training(self) -> None:
         pass
 
     def save_final_checkpoint(self) -> None:
-        self.state.save()
+        self.loop.save()
 
     def fit(self) -> dict[str, Any]:
-        """The shared loop (`RunState.run`); only the step differs from the sync recipe."""
-        return self.state.run(self)
+        """The shared loop (`TrainingLoop.run`); only the step differs from the sync recipe."""
+        return self.loop.run(self)
 
 
 def train_with_dynamic_sampling(config: AsyncRLConfig, max_gen_rounds: int = DEFAULT_MAX_GEN_ROUNDS) -> dict[str, Any]:
-    """Build the runtime, run the recipe, clean up (as `asyncrl.recipes.launch.train` does for built-in modes)."""
+    """Build the runtime, run the recipe, clean up (as `asyncrl.launch.train` does for built-in modes)."""
     if config.trainer.mode != "sync":
         raise ConfigError(f"the dynamic-sampling recipe runs its stages synchronously and needs trainer.mode=sync, "
                           f"got trainer.mode={config.trainer.mode}")

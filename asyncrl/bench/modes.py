@@ -4,7 +4,7 @@
     asyncrl bench modes --device cuda --model qwen2.5-0.5b --samples 8192 --lengths lognormal:512:4096
     asyncrl bench modes --modes sync fully_async_partial --samples 1024
 
-Each mode is a real training run (`asyncrl.recipes.launch.train`) with responses of long-tail lengths
+Each mode is a real training run (`asyncrl.launch.train`) with responses of long-tail lengths
 (per-request budgets drawn from `--lengths`, `rollout.ignore_eos=true`). Writes into `--results-dir`
 (default `outputs/bench/modes/` under the current directory) `modes_<name>.json`, a markdown table (printed
 too) and PNGs: throughput per mode and, per mode, the timeline showing what overlapped. Rewards are the
@@ -28,8 +28,8 @@ from asyncrl.bench.models import write_random_model
 from asyncrl.bench.results import default_output
 from asyncrl.config import load_config
 from asyncrl.data.make import make_task, write_task
+from asyncrl.launch import train
 from asyncrl.models import build_tiny_model
-from asyncrl.recipes.launch import train
 from asyncrl.telemetry import plot_bars, plot_timeline, read_metrics
 
 MODES = {

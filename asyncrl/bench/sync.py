@@ -27,9 +27,9 @@ import torch.multiprocessing as mp
 from asyncrl.bench.models import write_random_model
 from asyncrl.bench.results import append_result, default_output
 from asyncrl.config import load_config
-from asyncrl.core.replica_rollout import transfer_plan
-from asyncrl.distributed.weight_transport import WeightReceiver, WeightSender, broadcast, create_group
 from asyncrl.engine import EngineConfig, LLMEngine
+from asyncrl.rollout.weight_group import transfer_plan
+from asyncrl.rollout.weight_transport import WeightReceiver, WeightSender, broadcast, create_group
 from asyncrl.train import TrainerWorker
 from asyncrl.train.parallel import local_shard
 

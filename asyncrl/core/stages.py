@@ -1,21 +1,23 @@
 """The reusable PPO step: one method per stage. Recipes compose them; no recipe re-implements one.
 
     metrics = {}
-    prompts, salts = state.next_prompts()
+    prompts, salts = loop.next_prompts()
     samples = core.generate(prompts, salts, metrics)
     samples = core.compute_reward(samples, metrics)
-    batch = core.build_batch(samples, metrics)
-    batch = core.compute_old_log_prob(batch, metrics)
-    batch = core.compute_ref_log_prob(batch, metrics)      # no-op without a KL term
-    batch = core.compute_values(batch, metrics)            # no-op without a critic
-    batch = core.compute_advantage(batch, metrics)
-    core.update_critic(batch, step, metrics)
-    core.update_actor(batch, step, metrics)
+    batch = core.train(samples, step, metrics)             # the stage tail, written once:
+    #   batch = core.build_batch(samples, metrics)
+    #   batch = core.compute_old_log_prob(batch, metrics)
+    #   batch = core.compute_ref_log_prob(batch, metrics)  # no-op without a KL term
+    #   batch = core.compute_values(batch, metrics)        # no-op without a critic
+    #   batch = core.compute_advantage(batch, metrics)
+    #   core.update_critic(batch, step, metrics)
+    #   core.update_actor(batch, step, metrics)
     core.sync_weights(metrics)
     core.log(metrics, step)
 
 Every stage adds its wall time to `metrics["timing_s/<stage>"]` and a span to the timeline. Stages take
-the metrics dict explicitly, so stages of different steps can run concurrently (one-step-off).
+the metrics dict explicitly, so stages of different steps can run concurrently (one-step-off). Generation
+and weight sync go through the run's rollout backend (`asyncrl.rollout.RolloutBackend`), whichever it is.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from asyncrl.core.lengths import LengthDistribution
 from asyncrl.core.metrics import advantage_metrics, sample_metrics
 from asyncrl.core.records import Sample, samples_to_batch
 from asyncrl.core.requests import make_requests
-from asyncrl.core.rollout import PendingGeneration, Rollout
 from asyncrl.core.scoring import decode_response, score_samples
 from asyncrl.core.trainer_group import TrainerGroup
 from asyncrl.core.validation import validation_metrics
@@ -39,6 +40,7 @@ from asyncrl.data.dataset import PromptDataset
 from asyncrl.data.records import TokenizedPrompt
 from asyncrl.engine import SamplingParams
 from asyncrl.rewards import RewardExecutor
+from asyncrl.rollout import PendingGeneration, RolloutBackend
 from asyncrl.telemetry import Timeline, Tracker, timed
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch
 
@@ -57,8 +59,8 @@ class GenerationJob:
 
 
 class PPOCore:
-    def __init__(self, config: AsyncRLConfig, trainers: TrainerGroup, rollout: Rollout, reward: RewardExecutor,
-                 tokenizer: Any, tracker: Tracker, timeline: Timeline):
+    def __init__(self, config: AsyncRLConfig, trainers: TrainerGroup, rollout: RolloutBackend,
+                 reward: RewardExecutor, tokenizer: Any, tracker: Tracker, timeline: Timeline):
         self.config = config
         self.trainers = trainers
         self.rollout = rollout
@@ -108,8 +110,9 @@ class PPOCore:
         with self.timed(metrics, "gen"):
             results = job.pending.results()
         metrics["timing_s/generate_async"] = job.pending.generation_seconds
-        for name, seconds in zip(job.pending.names, job.pending.worker_seconds):
-            self.timeline.add_span(name, "generate", job.pending.started_s, job.pending.started_s + seconds)
+        started_s = job.pending.started_s
+        for output in job.pending.outputs:
+            self.timeline.add_span(output.name, "generate", started_s, started_s + output.seconds)
         num_samples = job.num_samples
         return [Sample(job.prompts[index // num_samples], index // num_samples, index % num_samples, result)
                 for index, result in enumerate(results)]
@@ -127,6 +130,20 @@ class PPOCore:
 
     def decode(self, sample: Sample) -> str:
         return decode_response(self.tokenizer, sample)
+
+    def train(self, samples: Sequence[Sample], step: int, metrics: dict[str, float],
+              anchor: str = "current") -> TrainBatch:
+        """The stage tail every recipe shares, from scored samples to updated weights: batch -> old
+        log-probs (`anchor`: see `compute_old_log_prob`) -> reference log-probs -> values -> advantages ->
+        critic and actor updates. Returns the batch it trained on."""
+        batch = self.build_batch(samples, metrics)
+        batch = self.compute_old_log_prob(batch, metrics, anchor)
+        batch = self.compute_ref_log_prob(batch, metrics)
+        batch = self.compute_values(batch, metrics)
+        batch = self.compute_advantage(batch, metrics)
+        self.update_critic(batch, step, metrics)
+        self.update_actor(batch, step, metrics)
+        return batch
 
     def build_batch(self, samples: Sequence[Sample], metrics: dict[str, float]) -> TrainBatch:
         batch = samples_to_batch(samples)
@@ -204,7 +221,7 @@ class PPOCore:
             self.rollout.sync_weights(self.version)
         self.updates_since_sync = 0
         metrics["param_version"] = float(self.version)
-        metrics.update(self.rollout.fault_metrics())
+        metrics.update(self.rollout.health().metrics())
 
     def validate(self, dataset: PromptDataset, metrics: dict[str, float]) -> list[Sample]:
         """Generate for every validation prompt with `rollout.val_kwargs` and score; adds val/* metrics."""

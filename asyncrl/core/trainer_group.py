@@ -15,8 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from asyncrl.distributed.remote import wait_for_all
-from asyncrl.distributed.resource_pool import worker_name
+from asyncrl.remote import wait_for_all, worker_name
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch, gather_rows, shard_batch
 
 

@@ -18,29 +18,29 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from asyncrl.core import Runtime
 from asyncrl.core.records import Sample
 from asyncrl.core.stages import GenerationJob
-from asyncrl.recipes.run_state import RunState
-from asyncrl.recipes.runtime import Runtime
+from asyncrl.recipes.training_loop import TrainingLoop
 
 
 class OneStepOffRecipe:
     def __init__(self, runtime: Runtime):
         self.runtime = runtime
         self.core = runtime.core
-        self.state = RunState.create(runtime)
+        self.loop = TrainingLoop.create(runtime)
         self.cursor_before_in_flight: Optional[dict[str, int]] = None
         self.job: Optional[GenerationJob] = None
 
     def start_next(self, step: int) -> Optional[GenerationJob]:
         """Dispatch generation of the batch for `step` (None when the data or the step budget is used up)."""
-        if step > self.state.total_steps or self.state.sampler.is_exhausted:
+        if step > self.loop.total_steps or self.loop.sampler.is_exhausted:
             return None
-        self.cursor_before_in_flight = self.state.sampler.state_dict()
-        return self.core.start_generate(*self.state.next_prompts())
+        self.cursor_before_in_flight = self.loop.sampler.state_dict()
+        return self.core.start_generate(*self.loop.next_prompts())
 
     def begin(self) -> None:
-        self.job = self.start_next(self.state.step + 1)
+        self.job = self.start_next(self.loop.step + 1)
 
     def has_next(self) -> bool:
         return self.job is not None
@@ -52,25 +52,19 @@ class OneStepOffRecipe:
         self.core.sync_weights(metrics)
         self.job = self.start_next(step + 1)
         samples = self.core.compute_reward(samples, metrics)
-        batch = self.core.build_batch(samples, metrics)
-        batch = self.core.compute_old_log_prob(batch, metrics)
-        batch = self.core.compute_ref_log_prob(batch, metrics)
-        batch = self.core.compute_values(batch, metrics)
-        batch = self.core.compute_advantage(batch, metrics)
-        self.core.update_critic(batch, step, metrics)
-        self.core.update_actor(batch, step, metrics)
+        self.core.train(samples, step, metrics)
         return metrics, samples
 
     def maybe_checkpoint(self) -> None:
         # The batch in flight is not in the checkpoint: it is regenerated from the cursor before it.
-        self.state.maybe_save(sampler_state=self.cursor_before_in_flight if self.job is not None else None)
+        self.loop.maybe_save(sampler_state=self.cursor_before_in_flight if self.job is not None else None)
 
     def finish_training(self) -> None:
         self.core.sync_weights({})  # the final validation and the exported policy see the last update
 
     def save_final_checkpoint(self) -> None:
         # A run stopped by a signal still has a batch in flight: it is regenerated on resume.
-        self.state.save(sampler_state=self.cursor_before_in_flight if self.job is not None else None)
+        self.loop.save(sampler_state=self.cursor_before_in_flight if self.job is not None else None)
 
     def fit(self) -> dict[str, Any]:
-        return self.state.run(self)
+        return self.loop.run(self)

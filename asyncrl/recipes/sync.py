@@ -2,55 +2,49 @@
 
     asyncrl train config.yaml trainer.mode=sync
 
-The rollout engines live inside the trainer ranks (they sleep while training on GPU), and weights move
-in process after each update, so every token is sampled by the current policy (staleness 0). The step
-is only stage calls; the stages live in `asyncrl.core`.
+With the default backend (`rollout.backend=colocated`) the engines live inside the trainer ranks (they sleep
+while training on GPU), and weights move in process after each update, so every token is sampled by the
+current policy (staleness 0). The step is only stage calls; the stages live in `asyncrl.core`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from asyncrl.core import Runtime
 from asyncrl.core.records import Sample
-from asyncrl.recipes.run_state import RunState
-from asyncrl.recipes.runtime import Runtime
+from asyncrl.recipes.training_loop import TrainingLoop
 
 
 class SyncRecipe:
     def __init__(self, runtime: Runtime):
         self.runtime = runtime
         self.core = runtime.core
-        self.state = RunState.create(runtime)
+        self.loop = TrainingLoop.create(runtime)
 
     def begin(self) -> None:
         pass
 
     def has_next(self) -> bool:
-        return not self.state.is_done
+        return not self.loop.is_done
 
     def step(self, step: int) -> tuple[dict[str, float], list[Sample]]:
         metrics: dict[str, float] = {}
-        prompts, salts = self.state.next_prompts()
+        prompts, salts = self.loop.next_prompts()
         samples = self.core.generate(prompts, salts, metrics)
         samples = self.core.compute_reward(samples, metrics)
-        batch = self.core.build_batch(samples, metrics)
-        batch = self.core.compute_old_log_prob(batch, metrics)
-        batch = self.core.compute_ref_log_prob(batch, metrics)
-        batch = self.core.compute_values(batch, metrics)
-        batch = self.core.compute_advantage(batch, metrics)
-        self.core.update_critic(batch, step, metrics)
-        self.core.update_actor(batch, step, metrics)
+        self.core.train(samples, step, metrics)
         self.core.sync_weights(metrics)
         return metrics, samples
 
     def maybe_checkpoint(self) -> None:
-        self.state.maybe_save()  # nothing runs ahead of training: the live cursor is the right one
+        self.loop.maybe_save()  # nothing runs ahead of training: the live cursor is the right one
 
     def finish_training(self) -> None:
         pass
 
     def save_final_checkpoint(self) -> None:
-        self.state.save()
+        self.loop.save()
 
     def fit(self) -> dict[str, Any]:
-        return self.state.run(self)
+        return self.loop.run(self)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asyncrl.bench.trainer_ranks import free_port
-from asyncrl.distributed.weight_transport import ALIGNMENT, TransferPlan, WeightReceiver, WeightSender, create_group
+from asyncrl.rollout.weight_transport import ALIGNMENT, TransferPlan, WeightReceiver, WeightSender, create_group
 
 SHAPES = [("embed", (10, 8)), ("big", (40, 9)), ("bias", (3,)), ("last", (5, 5))]  # bf16: 160, 720, 6, 50 bytes
 

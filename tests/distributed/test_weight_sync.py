@@ -17,16 +17,16 @@ import ray
 
 from asyncrl.config import load_config
 from asyncrl.core.records import Sample, samples_to_batch
-from asyncrl.core.replica_rollout import ReplicaRollout
 from asyncrl.core.requests import make_requests
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.data.make import make_task, write_task
-from asyncrl.distributed.remote import RemoteTimeoutError
-from asyncrl.distributed.resource_pool import allocate_pools
-from asyncrl.distributed.rollout_replica import RolloutReplica
 from asyncrl.engine import SamplingParams
+from asyncrl.launch.resource_pool import allocate_pools
+from asyncrl.launch.runtime import launch_replicas, num_rollout_replicas, pool_specs, rollout_context, start_trainers
 from asyncrl.models import CausalLM, build_tiny_model, load_model, load_tokenizer, read_config
-from asyncrl.recipes.runtime import connect_replicas, launch_replicas, num_rollout_replicas, pool_specs, start_trainers
+from asyncrl.remote import RemoteTimeoutError
+from asyncrl.rollout import ReplicaSet, RolloutContext
+from asyncrl.rollout.replica import RolloutReplica
 from asyncrl.train import PolicyUpdateSpec
 
 
@@ -43,7 +43,7 @@ def start_setup(tmp_path_factory, trainer_ranks: int, tie_word_embeddings: bool 
         "weight_sync.timeout_s=20", "ray.rpc_timeout_s=120"])
     pools = allocate_pools(pool_specs(config))
     trainers = start_trainers(config, pools, total_steps=10, host_engine=False)
-    rollout = connect_replicas(config, pools, launch_replicas(config, pools), trainers)
+    rollout = ReplicaSet(rollout_context(config, pools, launch_replicas(config, pools), trainers))
     tokenizer = load_tokenizer(model)
     prompts = PromptDataset.from_files(config.data.train_files, tokenizer, config.data).prompts[:4]
     return config, trainers, rollout, prompts, pools
@@ -66,7 +66,7 @@ def setup(tmp_path_factory, ray_session):
 
 def train_one_step(config, trainers, rollout, prompts, salt):
     requests = make_requests(prompts, 2, SamplingParams(max_new_tokens=6), 0, salt)
-    results = rollout.generate(requests)
+    results = rollout.start_generate(requests).results()
     samples = [Sample(prompts[index // 2], index // 2, index % 2, result).with_reward(float(index % 2), {}, None)
                for index, result in enumerate(results)]
     batch = samples_to_batch(samples)
@@ -145,7 +145,7 @@ def test_every_sync_makes_engines_bitwise_equal_and_bumps_the_version(setup):
         assert any(not np.array_equal(before[name], after[name]) for name in before)  # training moved weights
         rollout.sync_weights(version)
         assert_engines_equal_trainer(config, trainers, rollout, version)
-    new = rollout.generate(make_requests(prompts, 2, SamplingParams(max_new_tokens=6), 0, "after"))
+    new = rollout.start_generate(make_requests(prompts, 2, SamplingParams(max_new_tokens=6), 0, "after")).results()
     assert all(set(result.response_versions.tolist()) == {3} for result in new)
 
 
@@ -177,9 +177,8 @@ def test_a_replica_that_never_joins_the_transfer_fails_the_sync_in_time_naming_i
     import time
     stuck = StuckReplica.options(num_cpus=0.1).remote(config, 7, 1)
     address = ("127.0.0.1", 29000 + int(time.time()) % 1000)
-    rollout = ReplicaRollout([stuck], trainers, config, torch.float32, lambda: address)
-    rollout.names = ["rollout/replica7"]
-    rollout.connect_weights()
+    rollout = ReplicaSet(RolloutContext(config, trainers, [stuck], torch.float32, lambda: address))
+    assert rollout.names == ["rollout/replica7"]  # replicas are named by the index they were started with
     # The trainer's gloo send gives up after the group's 20 s; the wait's deadline comes a second later, so
     # the trainer's transport error arrives first (the order a loaded machine can produce at equal limits):
     # the error must still name the replica that never took part, not the trainer that gave up on it.

@@ -23,7 +23,7 @@ def test_one_rank_trainer_syncs_bitwise_after_every_update(tmp_path_factory, ray
             assert any(not np.array_equal(before[name], after[name]) for name in before)
             rollout.sync_weights(version)
             assert_engines_equal_trainer(config, trainers, rollout, version)
-        new = rollout.generate(make_requests(prompts, 2, SamplingParams(max_new_tokens=6), 0, "after"))
+        new = rollout.start_generate(make_requests(prompts, 2, SamplingParams(max_new_tokens=6), 0, "after")).results()
         assert all(set(result.response_versions.tolist()) == {3} for result in new)
     finally:
         stop_setup(trainers, rollout, pools)

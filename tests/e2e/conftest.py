@@ -10,7 +10,7 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.data.make import make_task, write_task
 from asyncrl.models import build_tiny_model
-from asyncrl.recipes.demo import MODEL_SHAPE, TASK_KNOBS, demo_config_path
+from asyncrl.launch.demo import MODEL_SHAPE, TASK_KNOBS, demo_config_path
 from asyncrl.train.sft import SFTSettings, run_sft
 
 

@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 from asyncrl.algos import ADVANTAGE_ESTIMATORS
 from asyncrl.config import ConfigError, load_config
 from asyncrl.config.docs import render_configuration_markdown
-from asyncrl.recipes.launch import train
+from asyncrl.launch import train
 from asyncrl.telemetry import read_metrics
 
 DOCS_FILE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"

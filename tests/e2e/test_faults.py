@@ -30,10 +30,9 @@ import pyarrow.parquet as parquet
 import pytest
 
 from asyncrl.config import dump_config
+from asyncrl.launch import runtime, train
 from asyncrl.recipes.errors import IncompatibleCheckpointError
 from asyncrl.recipes.fully_async.trainer import PipelineStalledError
-from asyncrl.recipes import runtime
-from asyncrl.recipes.launch import train
 from asyncrl.telemetry import read_metrics
 
 

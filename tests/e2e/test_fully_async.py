@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.recipes.launch import train
+from asyncrl.launch import train
 from asyncrl.telemetry import read_metrics
 
 FULLY_ASYNC = ("trainer.mode=fully_async", "rollout.n_gpus_per_node=1", "trainer.dump_rollouts=true",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asyncrl.recipes.launch import train
+from asyncrl.launch import train
 from asyncrl.telemetry import read_metrics
 
 ONE_STEP_OFF = ("trainer.mode=one_step_off", "rollout.n_gpus_per_node=1", "trainer.dump_rollouts=true")

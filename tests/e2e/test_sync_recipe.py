@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import ray
 
-from asyncrl.recipes.launch import train
+from asyncrl.launch import train
 from asyncrl.telemetry import read_metrics
 
 

@@ -19,8 +19,8 @@ from asyncrl.core.records import Sample, samples_to_batch
 from asyncrl.data.make import make_task, write_task
 from asyncrl.data.records import PromptRecord, TokenizedPrompt
 from asyncrl.engine import GenerationResult
+from asyncrl.launch import build_runtime
 from asyncrl.models import build_tiny_model
-from asyncrl.recipes.runtime import build_runtime
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dapo_dynamic_sampling.py"
 BATCH_PROMPTS, GROUP_SIZE, NUM_STEPS = 4, 4, 3
@@ -135,7 +135,7 @@ def test_dapo_recipe_trains_only_on_groups_with_signal(dapo_config, ray_session)
         watch(recipe.core, "compute_reward", events)
         watch(recipe.core, "update_actor", events)
         summary = recipe.fit()
-        num_prompts_drawn = recipe.state.sampler.position
+        num_prompts_drawn = recipe.loop.sampler.position
     finally:
         runtime.close()
 

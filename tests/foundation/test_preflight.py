@@ -9,9 +9,9 @@ import pytest
 
 from asyncrl.config import ConfigError, load_config
 from asyncrl.models import build_tiny_model, load_tokenizer
-from asyncrl.recipes import launch, runtime
-from asyncrl.recipes.preflight import check_model_inputs
-from asyncrl.recipes.runtime import load_inputs
+from asyncrl.launch import runtime, train
+from asyncrl.launch.preflight import check_model_inputs
+from asyncrl.launch.runtime import load_inputs
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_model_and_critic_folders_are_checked_without_loading_a_tensor(model_fol
 def test_train_checks_the_folders_before_starting_ray(model_folder, tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "start_ray", lambda config: pytest.fail("Ray started before the checks"))
     with pytest.raises(ConfigError, match="lacks tokenizer files"):
-        launch.train(config_for(model_folder, f"model.tokenizer_path={tmp_path}"))
+        train(config_for(model_folder, f"model.tokenizer_path={tmp_path}"))
 
 
 def test_prompt_plus_response_longer_than_the_model_context_fails_before_ray(model_folder):

@@ -6,6 +6,12 @@ allow, scores each group as soon as its last response arrives, and puts it on th
 finish while an earlier batch is being scored are scored and queued together (one reward call and one
 queue call per batch, not per group). It never drops a finished sample.
 
+It owns the run's rollout backend (`RolloutHost`: the composition root builds the replica set here), so one
+object holds the replicas, their health, the failover of a dead replica's requests and the weight sync; the
+driver's validation and sync reach it through this actor. It receives what the composition root built (the
+tokenizer and the training data; the data cursor arrives with `run`) and starts its own scoring processes
+from the reward settings, since processes cannot travel between actors.
+
 At a weight sync the trainer calls `pause` (admission stops; without partial rollout the in-flight groups
 finish, with partial rollout their requests are aborted and the partial responses kept), then
 `resume(version)`, after which parked groups continue from their partial responses with the remaining
@@ -22,21 +28,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError
 
 from asyncrl.config import AsyncRLConfig
-from asyncrl.core.records import Sample
 from asyncrl.core.lengths import LengthDistribution
+from asyncrl.core.records import Sample
 from asyncrl.core.requests import request_params, request_seed
 from asyncrl.core.scoring import score_samples
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.data.records import TokenizedPrompt
 from asyncrl.data.sampler import PromptSampler
 from asyncrl.engine import GenerationRequest, GenerationResult, SamplingParams
-from asyncrl.models import load_tokenizer
 from asyncrl.recipes.fully_async.budget import StalenessBudget
 from asyncrl.recipes.fully_async.queue import SampleQueue
 from asyncrl.rewards import RewardExecutor
+from asyncrl.rollout import RolloutHost
 
 
 @dataclass
@@ -53,27 +58,22 @@ class Group:
         return all(result is not None and result.finish_reason != "abort" for result in self.results)
 
 
-class Rollouter:
-    def __init__(self, config: AsyncRLConfig, replicas: list[Any]):
+class Rollouter(RolloutHost):
+    def __init__(self, config: AsyncRLConfig, tokenizer: Any, dataset: PromptDataset):
         self.config = config
-        self.replicas = replicas
         self.version = 0
-        self.tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.path)
-        self.dataset = PromptDataset.from_files(config.data.train_files, self.tokenizer, config.data)
-        self.sampler = PromptSampler(len(self.dataset), config.data.shuffle, config.data.seed,
-                                     config.trainer.total_epochs)
-        self.reward = RewardExecutor(config.reward.custom_function, config.reward.timeout_s, config.reward.num_workers)
-        asynchronous = config.async_training
+        self.tokenizer = tokenizer
+        self.dataset = dataset
+        self.sampler = PromptSampler(len(dataset), config.data.shuffle, config.data.seed, config.trainer.total_epochs)
+        # Scoring processes cannot travel between actors: the rollouter starts its own from the same settings.
+        self.reward = RewardExecutor.from_config(config.reward)
         self.budget = StalenessBudget.from_config(config)
         self.queue = SampleQueue(capacity=self.budget.max_per_version)
-        self.max_in_flight = asynchronous.max_concurrent_samples or min(16 * len(replicas), self.budget.max_per_version)
         self.params = SamplingParams.from_rollout(config.rollout, config.data.max_response_length)
         self.lengths = LengthDistribution.parse(config.rollout.length_distribution) \
             if config.rollout.length_distribution else None
         self.in_flight: dict[int, Group] = {}      # admitted, generating (or parked after an abort)
         self.unqueued: dict[int, Group] = {}       # generated, being scored and put on the queue
-        self.replica_load = [0] * len(replicas)
-        self.is_healthy = [True] * len(replicas)
         self.next_serial = 0
         self.is_paused = False
         self.resumed = asyncio.Event()
@@ -82,12 +82,9 @@ class Rollouter:
         self.delivering = asyncio.Lock()            # one scoring + queue call at a time
         self.to_deliver: list[Group] = []           # generated, waiting for the next delivery
         self.waiting_takes: set[asyncio.Future] = set()   # the trainer's takes waiting for groups
-        self.counters = {"generated_groups": 0, "resumed_responses": 0, "aborted_responses": 0,
-                         "replica_failures": 0, "requeued_requests": 0}
+        self.counters = {"generated_groups": 0, "resumed_responses": 0, "aborted_responses": 0}
         self.admitted_in_version = 0                # prompts admitted under this version's budget since its sync
-        self.idle_s, self.version_started_s, self.idle_since = 0.0, time.monotonic(), time.monotonic()
-        self.busy_since_wall = time.time()
-        self.busy_spans: list[tuple[float, float]] = []   # wall-clock spans with generation running
+        self.max_in_flight = 0                      # groups generating at once, set when the rollout is known
 
     # ---- the feed -----------------------------------------------------------------------------------
     async def run(self, version: int, state: dict[str, Any], queued: list[list[Sample]]) -> dict[str, float]:
@@ -95,12 +92,14 @@ class Rollouter:
         run) and the groups that were queued: admit prompts until the data is used up, let every group
         finish, then end the stream."""
         self.version = version
+        self.max_in_flight = self.config.async_training.max_concurrent_samples or \
+            min(16 * self.rollout.health().num_workers, self.budget.max_per_version)
         self.sampler.load_state_dict(state["sampler"])
         parked = list(state["parked"])
         self.next_serial = state["next_serial"]
         await self.queue.restore(queued)
         self.budget.charged = len(parked) + len(queued)
-        self.idle_s, self.version_started_s, self.idle_since = 0.0, time.monotonic(), time.monotonic()
+        self.rollout.activity().restart()
         tasks = [asyncio.create_task(self.run_group(group)) for group in parked]
         while True:
             await self.wait_for_admission()
@@ -114,24 +113,12 @@ class Rollouter:
             tasks.append(asyncio.create_task(self.run_group(group)))
         await asyncio.gather(*tasks)
         await self.queue.close()
-        return dict(self.counters)
+        return {**self.counters, **self.rollout.health().metrics()}
 
     async def wait_for_admission(self) -> None:
         async with self.settled:
             await self.settled.wait_for(lambda: not self.is_paused and self.budget.can_admit()
                                         and len(self.in_flight) < self.max_in_flight)
-
-    def track_idle(self, num_generating: int) -> None:
-        """Idle time is time with no request generating on any replica (budget used up, queue full,
-        or paused for a sync)."""
-        now = time.monotonic()
-        if num_generating == 0 and self.idle_since is None:
-            self.idle_since = now
-            self.busy_spans.append((self.busy_since_wall, time.time()))
-        elif num_generating > 0 and self.idle_since is not None:
-            self.idle_s += now - self.idle_since
-            self.idle_since = None
-            self.busy_since_wall = time.time()
 
     async def run_group(self, group: Group) -> None:
         self.in_flight[group.serial] = group
@@ -146,6 +133,8 @@ class Rollouter:
         self.unqueued[group.serial] = group
         del self.in_flight[group.serial]
         self.counters["generated_groups"] += 1
+        async with self.settled:
+            self.settled.notify_all()  # its slot is free: the next prompt is admitted while this one is scored
         await self.deliver(group)
 
     async def deliver(self, group: Group) -> None:
@@ -170,35 +159,8 @@ class Rollouter:
             self.settled.notify_all()  # a pause waits until finished groups are on the queue
 
     async def generate_slots(self, group: Group, slots: list[int]) -> list[GenerationResult]:
-        """Generate (or resume) the responses of `slots`, in one call to one replica; a replica that dies
-        mid-request is taken out of rotation until the trainer re-syncs it, and the requests start again
-        on a healthy replica."""
-        while True:
-            replica = await self.healthy_replica()
-            # No request starts during a sync; nothing awaits between here and the replica call, so a
-            # pause sees every started request in `replica_load`.
-            await self.resumed.wait()
-            if not self.is_healthy[replica]:
-                continue
-            try:
-                return await self.generate_on(replica, group, slots)
-            except (RayActorError, ActorUnavailableError):
-                if self.is_healthy[replica]:
-                    self.is_healthy[replica] = False
-                    self.counters["replica_failures"] += 1
-                self.counters["requeued_requests"] += len(slots)
-
-    async def healthy_replica(self) -> int:
-        async with self.settled:
-            await self.settled.wait_for(lambda: any(self.is_healthy))
-        healthy = [index for index, is_healthy in enumerate(self.is_healthy) if is_healthy]
-        return min(healthy, key=self.replica_load.__getitem__)
-
-    async def needs_repair(self) -> bool:
-        """Whether a replica died and waits for the trainer to re-sync it."""
-        return not all(self.is_healthy)
-
-    async def generate_on(self, replica: int, group: Group, slots: list[int]) -> list[GenerationResult]:
+        """Generate (or resume) the responses of `slots` in one call, so they share the prompt's KV blocks on
+        one engine; the rollout chooses the engine and starts the requests again elsewhere if it dies."""
         requests = []
         for slot in slots:
             seed = request_seed(self.config.rollout.seed, group.prompt.record.prompt_id, slot, f"epoch{group.epoch}")
@@ -209,16 +171,7 @@ class Rollouter:
             else:
                 requests.append(GenerationRequest.resume(previous, params))
                 self.counters["resumed_responses"] += 1
-        self.replica_load[replica] += len(slots)
-        self.track_idle(sum(self.replica_load))
-        try:
-            results, _ = await self.replicas[replica].generate_batch.remote(requests)
-            return results
-        finally:
-            self.replica_load[replica] -= len(slots)
-            self.track_idle(sum(self.replica_load))
-            async with self.settled:
-                self.settled.notify_all()  # a pause may be waiting for the replicas to go quiet
+        return await self.rollout.generate(requests)
 
     # ---- the sync protocol --------------------------------------------------------------------------
     async def pause(self) -> dict[str, float]:
@@ -229,20 +182,18 @@ class Rollouter:
         self.resumed.clear()
         for waiting in self.waiting_takes:
             waiting.cancel()
+        await self.rollout.pause()   # no request starts, nor starts again after its replica died
         if self.config.async_training.partial_rollout:
-            # A dead replica's requests failed already; they are re-queued, not aborted.
-            await asyncio.gather(*(replica.abort.remote() for replica, is_healthy in zip(self.replicas, self.is_healthy)
-                                   if is_healthy), return_exceptions=True)
+            await self.rollout.abort()
+        await self.rollout.wait_until_idle()
         async with self.settled:
             await self.settled.wait_for(self.is_settled)
         return {"timing_s/rollouter_pause": time.monotonic() - started}
 
     def is_settled(self) -> bool:
-        """No request runs on a replica and every fully generated group is on the queue; groups left in
-        flight are parked (aborted responses, or responses waiting for a replica to come back)."""
-        is_generating = sum(self.replica_load) > 0
-        is_finishing = bool(self.unqueued) or any(group.is_generated for group in self.in_flight.values())
-        return not is_generating and not is_finishing
+        """Every fully generated group is on the queue (nothing generates once the paused rollout is idle);
+        groups left in flight are parked (aborted responses, or responses waiting for a replica to come back)."""
+        return not self.unqueued and not any(group.is_generated for group in self.in_flight.values())
 
     async def resume(self, version: int, held: int) -> tuple[dict[str, float], list[tuple[float, float]]]:
         """A new version: charge outstanding work (generating, parked, queued, and the `held` groups the
@@ -250,25 +201,21 @@ class Rollouter:
         version's idle ratio and admitted prompts, the work charged to the new one, the rollouter's counters, and
         the wall-clock spans during which something generated (for the timeline): one call per sync."""
         queue_size = await self.queue.size()
-        now = time.monotonic()
-        idle_s = self.idle_s + (now - self.idle_since if self.idle_since is not None else 0.0)
-        version_s = max(now - self.version_started_s, 1e-9)
+        activity = self.rollout.activity()
+        idle_s, version_s = activity.lap()
         metrics = {"rollouter/idle_ratio": min(1.0, idle_s / version_s), "rollouter/version_time": version_s,
                    "fully_async/rollouter/admitted_in_version": float(self.admitted_in_version)}
-        self.idle_s, self.version_started_s = 0.0, now
-        self.idle_since = now if self.idle_since is not None else None
         self.version = version
         outstanding = len(self.in_flight) + len(self.unqueued) + queue_size + held
         self.budget.on_sync(outstanding)
         self.admitted_in_version = 0
         metrics["fully_async/rollouter/outstanding_at_sync"] = float(outstanding)
-        self.is_healthy = [True] * len(self.replicas)  # the sync re-joined and re-loaded restarted replicas
         self.is_paused = False
+        await self.rollout.resume()   # the sync brought restarted replicas back into rotation
         self.resumed.set()
         async with self.settled:
             self.settled.notify_all()
-        spans, self.busy_spans = self.busy_spans, []
-        return {**metrics, **await self.stats()}, spans
+        return {**metrics, **await self.stats()}, activity.take_spans()
 
     async def take(self, count: int, timeout_s: float) -> Optional[list[list[Sample]]]:
         """For the trainer: `count` scored groups, oldest first (see `SampleQueue.get`); [] when a pause
@@ -306,13 +253,14 @@ class Rollouter:
                               if not name.startswith("fully_async/queue/")}}
 
     async def stats(self) -> dict[str, float]:
+        health = self.rollout.health()
+        counters = {**self.counters, "replica_failures": health.num_failures,
+                    "requeued_requests": health.num_requeued_requests}
         return {**await self.queue.stats(), "fully_async/rollouter/in_flight": float(len(self.in_flight)),
                 "fully_async/rollouter/budget_charged": float(self.budget.charged),
                 "fully_async/rollouter/budget_per_version": float(self.budget.max_per_version),
-                **{f"fully_async/count/{name}": float(value) for name, value in self.counters.items()},
-                "faults/replica_failures": float(self.counters["replica_failures"]),
-                "faults/requeued_requests": float(self.counters["requeued_requests"]),
-                **self.reward.metrics()}
+                **{f"fully_async/count/{name}": float(value) for name, value in counters.items()},
+                **health.metrics(), **self.reward.metrics()}
 
 
 RolloutActor = ray.remote(Rollouter)

@@ -25,14 +25,15 @@ from typing import Any, Optional
 import ray
 
 from asyncrl.config import AsyncRLConfig
+from asyncrl.core import Runtime
 from asyncrl.core.records import Sample
-from asyncrl.core.replica_rollout import ReplicaRollout
-from asyncrl.distributed.remote import RemoteCallError, wait_for
-from asyncrl.recipes.fully_async.budget import StalenessBudget
+from asyncrl.data.dataset import PromptDataset
 from asyncrl.recipes.fully_async.metrics import sample_version_metrics
 from asyncrl.recipes.fully_async.rollouter import RolloutActor
-from asyncrl.recipes.run_state import RunState
-from asyncrl.recipes.runtime import Runtime
+from asyncrl.recipes.training_loop import TrainingLoop
+from asyncrl.remote import RemoteCallError, wait_for
+from asyncrl.rollout import HostedRollout, RolloutBackend, RolloutBackendSpec, RolloutContext
+from asyncrl.rollout.weight_group import sync_deadline_s
 
 STATE_FILE = "fully_async_state.pkl"
 POLL_S = 2.0  # how often a waiting trainer checks for dead replicas and stalls
@@ -44,16 +45,14 @@ class PipelineStalledError(RuntimeError):
 
 class FullyAsyncRecipe:
     def __init__(self, runtime: Runtime):
-        if not isinstance(runtime.rollout, ReplicaRollout):
-            raise TypeError("trainer.mode=fully_async needs rollout replicas on their own devices")
         self.runtime = runtime
         self.core = runtime.core
         self.config = runtime.config
-        self.state = RunState.create(runtime)
+        self.loop = TrainingLoop.create(runtime)
         asynchronous = self.config.async_training
         self.prompts_per_step = self.config.actor.ppo_mini_batch_size * asynchronous.require_batches
         self.steps_per_sync = asynchronous.trigger_parameter_sync_step
-        self.state.total_steps = self.total_steps()
+        self.loop.total_steps = self.total_steps()
         self.local_step = 0
         self.timeout_s = self.config.ray.rpc_timeout_s
         self.next_groups: Optional[list[list[Sample]]] = None
@@ -76,17 +75,26 @@ class FullyAsyncRecipe:
 
     # ---- StepRecipe -----------------------------------------------------------------------------------
     @staticmethod
-    def launch_actors(config: AsyncRLConfig, replicas: list[Any]) -> dict[str, Any]:
+    def launch_actors(config: AsyncRLConfig, tokenizer: Any, train_data: PromptDataset) -> dict[str, Any]:
         """The rollouter (with the queue inside), started while the trainers start (it takes seconds to
-        import and load its data); it waits for `begin`."""
-        return {"rollouter": RolloutActor.options(num_cpus=0.05).remote(config, replicas)}
+        import and start its scoring processes); it waits for `host_rollout`, then for `begin`."""
+        return {"rollouter": RolloutActor.options(num_cpus=0.05).remote(config, tokenizer, train_data)}
+
+    @staticmethod
+    def host_rollout(actors: dict[str, Any], backend: RolloutBackendSpec, context: RolloutContext) -> RolloutBackend:
+        """The rollout backend is built inside the rollouter, which streams into it; the driver's stages
+        (validation, weight sync) reach it through the rollouter."""
+        rollouter, config = actors["rollouter"], context.config
+        wait_for(rollouter.host_rollout.remote(backend.fn, context), "fully_async/rollouter", "host_rollout",
+                 config.ray.rpc_timeout_s + sync_deadline_s(config))
+        return HostedRollout(rollouter, "fully_async/rollouter", config)
 
     def begin(self) -> None:
         """Stream, from the checkpointed data cursor, parked groups and queue contents when resuming."""
         saved = self.load_saved_state()
         # Without a saved rollouter state (fresh run, or a checkpoint written at the end) the cursor is the driver's.
         rollouter_state = saved["rollouter"] if saved else \
-            {"sampler": self.state.sampler.state_dict(), "parked": [], "next_serial": 0}
+            {"sampler": self.loop.sampler.state_dict(), "parked": [], "next_serial": 0}
         self.rollouter_run = self.rollouter.run.remote(self.core.version, rollouter_state,
                                                        saved["queue"] if saved else [])
 
@@ -96,12 +104,12 @@ class FullyAsyncRecipe:
         self.carried_metrics = {}
         if self.local_step % self.steps_per_sync == 0 and self.core.updates_since_sync:
             self.sync(self.carried_metrics)
-        if self.state.step >= self.state.total_steps:
+        if self.loop.step >= self.loop.total_steps:
             return False
         started = time.monotonic()
         self.next_groups = self.take(self.prompts_per_step)
         self.wait_s = time.monotonic() - started
-        if self.next_groups is not None and self.state.step + 1 < self.state.total_steps:
+        if self.next_groups is not None and self.loop.step + 1 < self.loop.total_steps:
             self.prefetch = self.rollouter.take.remote(self.prompts_per_step, POLL_S)
         return self.next_groups is not None
 
@@ -121,7 +129,7 @@ class FullyAsyncRecipe:
             groups = wait_for(request, "fully_async/rollouter", "take", POLL_S + 30)
             if groups != []:
                 return groups
-            if wait_for(self.rollouter.needs_repair.remote(), "fully_async/rollouter", "needs_repair", self.timeout_s):
+            if self.runtime.rollout.health().needs_repair:
                 self.sync(self.carried_metrics)
             elif time.monotonic() - started > self.config.ray.watchdog_s:
                 raise PipelineStalledError(f"no sample reached the trainer for {time.monotonic() - started:.0f}s "
@@ -129,7 +137,7 @@ class FullyAsyncRecipe:
 
     def states(self) -> dict[str, Any]:
         """Every component's state, for the watchdog's report."""
-        states: dict[str, Any] = {"trainer": {"step": self.state.step, "local_step": self.local_step,
+        states: dict[str, Any] = {"trainer": {"step": self.loop.step, "local_step": self.local_step,
                                               "version": self.core.version, "held_groups": len(self.held)}}
         try:
             states.update(wait_for(self.rollouter.states.remote(), "fully_async/rollouter", "states", 30))
@@ -142,13 +150,7 @@ class FullyAsyncRecipe:
         samples = [dataclasses.replace(sample, group_index=index)
                    for index, group in enumerate(self.next_groups) for sample in group]
         self.local_step += 1
-        batch = self.core.build_batch(samples, metrics)
-        batch = self.core.compute_old_log_prob(batch, metrics, anchor="last_sync")
-        batch = self.core.compute_ref_log_prob(batch, metrics)
-        batch = self.core.compute_values(batch, metrics)
-        batch = self.core.compute_advantage(batch, metrics)
-        self.core.update_critic(batch, step, metrics)
-        self.core.update_actor(batch, step, metrics)
+        self.core.train(samples, step, metrics, anchor="last_sync")
         self.record_samples(samples, metrics)
         return metrics, samples
 
@@ -200,7 +202,7 @@ class FullyAsyncRecipe:
         self.save_checkpoint()
 
     def fit(self) -> dict[str, Any]:
-        return self.state.run(self)
+        return self.loop.run(self)
 
     # ---- lossless checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
@@ -209,15 +211,15 @@ class FullyAsyncRecipe:
         neither loses nor repeats a prompt."""
         snapshot = wait_for(self.rollouter.snapshot.remote(), "fully_async/rollouter", "snapshot", self.timeout_s)
         # The driver state records the rollouter's cursor.
-        self.state.sampler.load_state_dict(snapshot["rollouter"]["sampler"])
+        self.loop.sampler.load_state_dict(snapshot["rollouter"]["sampler"])
         artifact = pickle.dumps({"rollouter": snapshot["rollouter"], "queue": self.held + snapshot["queue"],
                                  "local_step": self.local_step,
                                  "stale_samples": self.stale_samples,
                                  "trained_prompt_keys": sorted(self.trained_prompt_keys)})
-        self.state.save(extra={"trained_prompts": len(self.trained_prompt_keys)}, artifacts={STATE_FILE: artifact})
+        self.loop.save(extra={"trained_prompts": len(self.trained_prompt_keys)}, artifacts={STATE_FILE: artifact})
 
     def load_saved_state(self) -> Optional[dict[str, Any]]:
-        folder = self.state.resumed_from
+        folder = self.loop.resumed_from
         if folder is None or not (folder / STATE_FILE).is_file():
             return None
         saved = pickle.loads((folder / STATE_FILE).read_bytes())

@@ -1,7 +1,8 @@
-"""Build what a run needs, in a fixed order, after the config is validated:
+"""The composition root: build what a run needs, in a fixed order, after the config is validated:
 
-tokenizer and datasets (errors here start no Ray worker) -> reward executor -> Ray -> resource pools (one
-atomic reservation) -> trainer ranks -> rollout -> the PPO core, with tracker and timeline.
+tokenizer, datasets and the rollout backend's name (errors here start no Ray worker) -> reward executor -> Ray
+-> resource pools (one atomic reservation) -> rollout replicas and the mode's actors (loading while) -> trainer
+ranks -> the rollout backend (built once, from its registry entry) -> the PPO core, with tracker and timeline.
 
     runtime = build_runtime(config)
     ... recipe uses runtime.core, runtime.train_data, runtime.val_data ...
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import socket
 from dataclasses import dataclass
@@ -23,19 +23,19 @@ import ray
 import torch
 
 from asyncrl.config import AsyncRLConfig, ConfigError, dump_config
+from asyncrl.core import PPOCore, Runtime, TrainerGroup
 from asyncrl.core.checkpoint import CheckpointManager
-from asyncrl.core.replica_rollout import ReplicaRollout
-from asyncrl.core.rollout import ColocatedRollout, Rollout
-from asyncrl.core.stages import PPOCore
-from asyncrl.core.trainer_group import TrainerGroup
+from asyncrl.core.trainer_rank import TrainerActor
 from asyncrl.data.dataset import PromptDataset
-from asyncrl.distributed.remote import RemoteCallError, wait_for, wait_for_all
-from asyncrl.distributed.resource_pool import PoolSpec, Pools, ResourceError, allocate_pools, worker_name
-from asyncrl.distributed.runtime import start_ray
-from asyncrl.distributed.rollout_replica import RolloutReplicaActor
-from asyncrl.distributed.trainer_actor import TrainerActor
-from asyncrl.recipes.preflight import check_model_inputs
+from asyncrl.launch.preflight import check_model_inputs
+from asyncrl.launch.ray_cluster import start_ray
+from asyncrl.launch.resource_pool import PoolSpec, Pools, ResourceError, allocate_pools
+from asyncrl.launch.stop_signals import StopSignals
+from asyncrl.recipes.training_loop import total_training_steps
+from asyncrl.remote import RemoteCallError, wait_for, wait_for_all, worker_name
 from asyncrl.rewards import RewardExecutor
+from asyncrl.rollout import RolloutBackend, RolloutBackendSpec, RolloutContext, resolve_backend
+from asyncrl.rollout.replica import RolloutReplicaActor
 from asyncrl.telemetry import Timeline, Tracker
 from asyncrl.train.worker import GPU_HOST_THREADS
 
@@ -43,36 +43,10 @@ from asyncrl.train.worker import GPU_HOST_THREADS
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Runtime:
-    config: AsyncRLConfig
-    output_dir: Path
-    tokenizer: Any
-    train_data: PromptDataset
-    val_data: Optional[PromptDataset]
-    reward: RewardExecutor
-    pools: Pools
-    trainers: TrainerGroup
-    rollout: Rollout
-    core: PPOCore
-    tracker: Tracker
-    timeline: Timeline
-    mode_actors: dict[str, Any]     # the mode's own actors (fully async: the queue and the rollouter)
-
-    def close(self) -> None:
-        self.tracker.close()
-        self.timeline.save(self.output_dir / "timeline.json")
-        self.reward.close()
-        for actor in self.mode_actors.values():
-            ray.kill(actor)
-        self.rollout.close()
-        for actor in self.trainers.actors:
-            ray.kill(actor)
-        self.pools.release()
-
-
 def load_inputs(config: AsyncRLConfig) -> tuple[Any, PromptDataset, Optional[PromptDataset]]:
-    """Tokenizer and datasets: everything that can be wrong with the user's files, checked before Ray."""
+    """Tokenizer and datasets: everything that can be wrong with the user's files (and the rollout backend's
+    name), checked before Ray."""
+    resolve_backend(config)
     model_config, tokenizer = check_model_inputs(config)
     budget = config.data.max_prompt_length + config.data.max_response_length
     if budget > model_config.max_position_embeddings:
@@ -81,13 +55,6 @@ def load_inputs(config: AsyncRLConfig) -> tuple[Any, PromptDataset, Optional[Pro
     train = PromptDataset.from_files(config.data.train_files, tokenizer, config.data)
     val = PromptDataset.from_files(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
     return tokenizer, train, val
-
-
-def total_training_steps(config: AsyncRLConfig, num_prompts: int) -> int:
-    """Steps of the whole run, known before any worker is built (the LR schedule needs it)."""
-    per_epoch = math.ceil(num_prompts / config.data.train_batch_size)
-    steps = per_epoch * config.trainer.total_epochs
-    return min(steps, config.trainer.total_steps) if config.trainer.total_steps > 0 else steps
 
 
 def uses_gpu(config: AsyncRLConfig) -> bool:
@@ -118,8 +85,8 @@ def pool_specs(config: AsyncRLConfig) -> list[PoolSpec]:
 
 
 def num_rollout_replicas(config: AsyncRLConfig) -> int:
-    """Separated modes run one replica per rollout device; sync mode colocates engines in the trainer ranks."""
-    if config.trainer.mode == "sync":
+    """A backend on devices of its own runs one replica per rollout device; others reserve none."""
+    if resolve_backend(config).placement != "separate":
         return 0
     return config.rollout.n_gpus_per_node * config.rollout.nnodes
 
@@ -191,12 +158,10 @@ def actor_pids(config: AsyncRLConfig, trainers: TrainerGroup, replicas: list[Any
     return dict(zip(names, wait_for_all(refs, names, "pid", config.ray.rpc_timeout_s)))
 
 
-def connect_replicas(config: AsyncRLConfig, pools: Pools, replicas: list[Any], trainers: TrainerGroup) -> ReplicaRollout:
-    """The replicas behind one handle, joined to trainer rank 0 by the weight-sync group."""
-    engine_dtype = torch.bfloat16 if pools.spec("rollout").num_gpus_per_worker else torch.float32
-    rollout = ReplicaRollout(replicas, trainers, config, engine_dtype, lambda: trainer_node_address(config, pools))
-    rollout.connect_weights()
-    return rollout
+def rollout_context(config: AsyncRLConfig, pools: Pools, replicas: list[Any], trainers: TrainerGroup) -> RolloutContext:
+    """What every rollout backend is built from."""
+    engine_dtype = torch.bfloat16 if pools.spec("trainer").num_gpus_per_worker else torch.float32
+    return RolloutContext(config, trainers, replicas, engine_dtype, lambda: trainer_node_address(config, pools))
 
 
 def resume_step(config: AsyncRLConfig, output_dir: Path) -> Optional[int]:
@@ -211,15 +176,21 @@ def resume_step(config: AsyncRLConfig, output_dir: Path) -> Optional[int]:
     return CheckpointManager.read_driver_state(folder)["step"] + 1
 
 
-# Starts a mode's own actors from the config and the rollout replicas, without waiting for them.
-LaunchModeActors = Callable[[AsyncRLConfig, list[Any]], dict[str, Any]]
+@dataclass(frozen=True)
+class ModeActors:
+    """A mode's own actors: started with the runtime, not after it, and able to own the rollout backend."""
+    # Starts them from what the runtime loaded, without waiting for them.
+    launch: Callable[[AsyncRLConfig, Any, PromptDataset], dict[str, Any]]
+    # Builds the backend inside one of them and returns the driver's handle on it.
+    host_rollout: Callable[[dict[str, Any], RolloutBackendSpec, RolloutContext], RolloutBackend]
 
 
-def build_runtime(config: AsyncRLConfig, launch_mode_actors: Optional[LaunchModeActors] = None) -> Runtime:
+def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = None) -> Runtime:
     """Every actor of the run, started concurrently (replicas and the mode's actors load while the trainers
-    start), then joined."""
+    start), then joined; the rollout backend named by `rollout.backend` is built once, here."""
     tokenizer, train_data, val_data = load_inputs(config)
-    reward = RewardExecutor(config.reward.custom_function, config.reward.timeout_s, config.reward.num_workers)
+    backend = resolve_backend(config)
+    reward = RewardExecutor.from_config(config.reward)
     output_dir = Path(config.trainer.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "config.yaml").write_text(dump_config(config))
@@ -227,18 +198,20 @@ def build_runtime(config: AsyncRLConfig, launch_mode_actors: Optional[LaunchMode
     pools = allocate_pools(pool_specs(config))
     logger.info("placement: %s", ", ".join(f"{name} on {where['node_ip']} ({where['node_id'][:8]})"
                                            for name, where in pools.placement().items()))
-    colocated = num_rollout_replicas(config) == 0
-    replicas = [] if colocated else launch_replicas(config, pools)
-    mode_actors = launch_mode_actors(config, replicas) if launch_mode_actors is not None else {}
+    replicas = launch_replicas(config, pools) if backend.placement == "separate" else []
+    actors = mode_actors.launch(config, tokenizer, train_data) if mode_actors is not None else {}
     trainers: Optional[TrainerGroup] = None
     try:
-        trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)), host_engine=colocated)
-        rollout = ColocatedRollout(trainers) if colocated else connect_replicas(config, pools, replicas, trainers)
+        trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)),
+                                  host_engine=backend.placement == "colocated")
+        context = rollout_context(config, pools, replicas, trainers)
+        rollout = mode_actors.host_rollout(actors, backend, context) if mode_actors is not None else \
+            backend.fn(context)
         logger.info("processes: %s", ", ".join(f"{name} pid {pid}"
                                                for name, pid in actor_pids(config, trainers, replicas).items()))
     except BaseException:
         # A failed start leaves nothing behind in a shared Ray cluster: actors, devices and scoring processes.
-        for actor in [*mode_actors.values(), *replicas, *(trainers.actors if trainers is not None else [])]:
+        for actor in [*actors.values(), *replicas, *(trainers.actors if trainers is not None else [])]:
             ray.kill(actor)
         pools.release()
         reward.close()
@@ -248,4 +221,4 @@ def build_runtime(config: AsyncRLConfig, launch_mode_actors: Optional[LaunchMode
     timeline = Timeline()
     core = PPOCore(config, trainers, rollout, reward, tokenizer, tracker, timeline)
     return Runtime(config, output_dir, tokenizer, train_data, val_data, reward, pools, trainers, rollout, core,
-                   tracker, timeline, mode_actors)
+                   tracker, timeline, StopSignals(), actors, [*actors.values(), *replicas, *trainers.actors])

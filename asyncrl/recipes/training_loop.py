@@ -1,8 +1,12 @@
-"""What every recipe shares: the training loop, the data cursor, the step counter, checkpoint/resume,
-validation cadence, and the run's end (final validation, policy export, summary, plots).
+"""The training loop every recipe shares, and what it keeps: the data cursor, the step counter,
+checkpoint/resume, validation cadence, and the run's end (final validation, policy export, summary, plots).
 
 A recipe supplies only its step (and, if it keeps work in flight, when it has a next step and which data
-cursor a checkpoint must record); `RunState.run(recipe)` is the one loop every recipe uses.
+cursor a checkpoint must record); `TrainingLoop.run(recipe)` is the one loop every recipe uses.
+
+    loop = TrainingLoop.create(runtime)
+    prompts, salts = loop.next_prompts()       # inside a recipe's step
+    summary = loop.run(recipe)                  # the recipe's `fit`
 """
 
 from __future__ import annotations
@@ -10,17 +14,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
+from asyncrl.config import AsyncRLConfig
 from asyncrl.core.checkpoint import CheckpointManager
+from asyncrl.core.runtime import Runtime
 from asyncrl.data.records import TokenizedPrompt
-from asyncrl.recipes.errors import IncompatibleCheckpointError
 from asyncrl.data.sampler import PromptSampler
-from asyncrl.recipes.runtime import Runtime, total_training_steps
-from asyncrl.recipes.stop_signals import StopSignals
+from asyncrl.recipes.errors import IncompatibleCheckpointError
 from asyncrl.telemetry import Progress, plot_run
 
 logger = logging.getLogger(__name__)
@@ -32,6 +37,13 @@ RESUME_CRITICAL_KEYS = (
     "critic.enable", "algorithm.adv_estimator", "async_training.require_batches",
     "async_training.trigger_parameter_sync_step",
 )
+
+
+def total_training_steps(config: AsyncRLConfig, num_prompts: int) -> int:
+    """Steps of the whole run, known before any worker is built (the LR schedule needs it)."""
+    per_epoch = math.ceil(num_prompts / config.data.train_batch_size)
+    steps = per_epoch * config.trainer.total_epochs
+    return min(steps, config.trainer.total_steps) if config.trainer.total_steps > 0 else steps
 
 
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], folder: Path) -> None:
@@ -68,7 +80,7 @@ class StepRecipe(Protocol):
 
 
 @dataclass
-class RunState:
+class TrainingLoop:
     runtime: Runtime
     sampler: PromptSampler
     total_steps: int
@@ -81,7 +93,7 @@ class RunState:
     resumed_from: Optional[Path] = None         # the checkpoint this run resumed from
 
     @classmethod
-    def create(cls, runtime: Runtime) -> "RunState":
+    def create(cls, runtime: Runtime) -> "TrainingLoop":
         config = runtime.config
         sampler = PromptSampler(len(runtime.train_data), config.data.shuffle, config.data.seed,
                                 config.trainer.total_epochs)
@@ -116,7 +128,7 @@ class RunState:
             core.log(initial, 0)
         recipe.begin()
         progress = Progress(self.total_steps, initial_step=self.step)
-        with StopSignals() as stop:
+        with self.runtime.stop as stop:
             started = time.monotonic()  # a step's time includes waiting for its data (has_next)
             while not stop.requested and recipe.has_next():
                 metrics, samples = recipe.step(self.step + 1)
@@ -148,7 +160,7 @@ class RunState:
                 "wall_time_s": time.monotonic() - self.started_s, "param_version": runtime.core.version,
                 "initial_validation": initial_validation, "final_validation": final_validation,
                 "output_dir": str(runtime.output_dir), "mode": runtime.config.trainer.mode,
-                "placement": runtime.pools.placement()}
+                "placement": runtime.resources.placement()}
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def driver_state(self, extra: Optional[dict[str, Any]] = None,

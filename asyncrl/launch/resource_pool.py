@@ -16,6 +16,8 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from asyncrl.remote import worker_name
+
 
 # A node label, not a capacity: any number of a role's workers fit on a node offering 1 unit.
 NODE_RESOURCE_AMOUNT = 0.001
@@ -69,11 +71,6 @@ class Pools:
 
     def release(self) -> None:
         remove_placement_group(self.group)
-
-
-def worker_name(pool_name: str, index: int) -> str:
-    """How errors, logs and `summary.json` name a worker: trainer/rank0, rollout/replica1."""
-    return f"trainer/rank{index}" if pool_name == "trainer" else f"{pool_name}/replica{index}"
 
 
 def allocate_pools(specs: list[PoolSpec], timeout_s: float = 60.0) -> Pools:

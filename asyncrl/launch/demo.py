@@ -20,7 +20,7 @@ from typing import Any
 from asyncrl.config import load_config
 from asyncrl.data.make import make_task, write_task
 from asyncrl.models import build_tiny_model
-from asyncrl.recipes.launch import train
+from asyncrl.launch.modes import train
 from asyncrl.train.sft import SFTSettings, run_sft
 
 logger = logging.getLogger(__name__)

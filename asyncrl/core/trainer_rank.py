@@ -1,16 +1,15 @@
-"""The Ray actor of one trainer rank: a `TrainerWorker`, and in colocated mode the rank's own engine.
+"""The Ray actor of one trainer rank: a `TrainerWorker`, its half of a weight sync, and with a colocated rollout
+backend the rank's own engine (`asyncrl.rollout.colocated.ColocatedEngine`).
 
 Batches cross the Ray boundary as numpy arrays (`TrainBatch.to_numpy`), which pickle far faster than
-tensors. Called by method, never by name: `actor.update_actor.remote(arrays, spec)`.
-
-In colocated (sync) mode the engine shares the rank's device: it generates, then sleeps (KV cache
-released) while the trainer runs, and `sync_local_engine` copies the gathered policy into it in process.
+tensors. Called by method, never by name: `actor.update_actor.remote(arrays, spec)`; the driver reaches the
+ranks through `TrainerGroup`, rollout backends through its `join_weight_group` / `send_weights` and the
+engine's `generate` / `sync_local_engine`.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Optional
 
 import numpy as np
@@ -18,8 +17,9 @@ import ray
 import torch
 
 from asyncrl.config import AsyncRLConfig
-from asyncrl.distributed.weight_transport import TransferPlan, WeightSender, create_group
-from asyncrl.engine import EngineConfig, GenerationRequest, GenerationResult, LLMEngine
+from asyncrl.engine import GenerationRequest, GenerationResult
+from asyncrl.rollout.colocated import ColocatedEngine
+from asyncrl.rollout.weight_transport import TransferPlan, WeightSender, create_group
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch, TrainerWorker
 
 
@@ -28,13 +28,8 @@ class TrainerRank:
                  total_training_steps: int, host_engine: bool, num_threads: int):
         torch.set_num_threads(num_threads)
         self.worker = TrainerWorker(config, rank, world_size, master_addr, master_port, total_training_steps)
-        self.engine: Optional[LLMEngine] = None
+        self.engine = ColocatedEngine(config, str(self.worker.device)) if host_engine else None
         self.sender: Optional[WeightSender] = None
-        if host_engine:
-            device = str(self.worker.device)
-            engine_config = EngineConfig.from_rollout(config.rollout, device=device, compile=config.model.compile)
-            self.engine = LLMEngine(config.model.path, engine_config)
-            self.release_cache()
 
     def ping(self) -> int:
         return 0
@@ -103,35 +98,27 @@ class TrainerRank:
             return 0
         return self.sender.send(tensors, persistent=self.worker.sync_tensors_persist)
 
-    # ---- colocated engine ---------------------------------------------------------------------------
+    # ---- the colocated engine ---------------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest]) -> tuple[list[GenerationResult], float]:
         """Results in request order and the seconds spent."""
-        engine = self.require_engine()
-        started = time.monotonic()
-        engine.wake()
-        try:
-            return engine.generate(requests), time.monotonic() - started
-        finally:
-            self.release_cache()
+        return self.require_engine().generate(requests)
 
     def sync_local_engine(self, version: int) -> int:
         """Copy the full policy into this rank's engine (a collective gather over trainer ranks)."""
-        return self.require_engine().update_weights(self.worker.iter_sync_tensors(), version)
+        return self.require_engine().load_weights(self.worker.iter_sync_tensors(), version)
+
+    def sleep_engine(self) -> None:
+        self.require_engine().sleep()
+
+    def wake_engine(self) -> None:
+        self.require_engine().wake()
 
     def engine_state(self) -> dict[str, Any]:
-        engine = self.require_engine()
-        return {name: tensor.to("cpu", torch.float32, copy=True).numpy()
-                for name, tensor in engine.model.named_parameters()} | {"__version__": engine.version}
+        return self.require_engine().state()
 
-    def release_cache(self) -> None:
-        """On GPU the KV cache's memory goes back to training between generations; CPU memory is not
-        contended, so there the cache stays."""
-        if self.require_engine().config.is_cuda:
-            self.require_engine().sleep()
-
-    def require_engine(self) -> LLMEngine:
+    def require_engine(self) -> ColocatedEngine:
         if self.engine is None:
-            raise RuntimeError("this trainer rank hosts no engine (only trainer.mode=sync colocates one)")
+            raise RuntimeError("this trainer rank hosts no engine (only rollout.backend=colocated puts one here)")
         return self.engine
 
 

@@ -1,11 +1,12 @@
 """A rollout replica on its own device: an asyncio Ray actor around one `AsyncEngine`.
 
 Requests are served concurrently (the actor is async), weights arrive over the weight-sync group
-(`join_weight_group`, then `receive_weights` per sync, while generation is paused), and every token is
-stamped with the version of the weights that produced it.
+(`join_weight_group`, then `receive_weights` per sync, which pauses stepping while it copies), and every token
+is stamped with the version of the weights that produced it. Its incarnation (a fresh id per process) tells
+the replica set that Ray restarted it, so it must re-join the weight group before it is used again.
 
     replica = RolloutReplicaActor.options(num_cpus=0.5).remote(config, index=0, num_threads=1)
-    results, seconds = await replica.generate_batch.remote(requests)
+    results, seconds = await replica.generate.remote(requests)
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import ray
 import torch
 
 from asyncrl.config import AsyncRLConfig
-from asyncrl.distributed.weight_transport import TransferPlan, WeightReceiver, create_group
 from asyncrl.engine import AsyncEngine, EngineConfig, GenerationRequest, GenerationResult, LLMEngine
+from asyncrl.rollout.weight_transport import TransferPlan, WeightReceiver, create_group
 
 
 class RolloutReplica:
@@ -36,13 +37,14 @@ class RolloutReplica:
         self.incarnation = uuid.uuid4().hex  # changes when Ray restarts this replica after a death
 
     async def ping(self) -> tuple[int, str]:
+        """(index, incarnation)."""
         return self.index, self.incarnation
 
     async def pid(self) -> int:
         """This replica's process id on its node: the run logs it at start (for a profiler, or to kill it)."""
         return os.getpid()
 
-    async def generate_batch(self, requests: list[GenerationRequest]) -> tuple[list[GenerationResult], float]:
+    async def generate(self, requests: list[GenerationRequest]) -> tuple[list[GenerationResult], float]:
         """All requests at once (continuous batching inside); results in request order, and the seconds
         this replica spent on them (so a caller that waited less can tell how much generation it hid)."""
         started = time.monotonic()
@@ -51,6 +53,12 @@ class RolloutReplica:
 
     async def abort(self, request_ids: Optional[list[str]] = None) -> list[GenerationResult]:
         return await self.engine.abort(request_ids)
+
+    async def sleep(self) -> None:
+        await self.engine.sleep()
+
+    async def wake(self) -> None:
+        await self.engine.wake()
 
     async def num_in_flight(self) -> int:
         return self.engine.num_in_flight

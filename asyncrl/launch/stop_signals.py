@@ -2,6 +2,8 @@
 
     with StopSignals() as stop:
         while not stop.requested and ...: ...
+
+The composition root hands one to the run (`Runtime.stop`); the training loop enters it around its steps.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@
                        timeout_s=600)
 
 A wait past its limit raises `RemoteTimeoutError`; a dead actor or a remote exception raises
-`RemoteCallError`; both name the component, the call and the elapsed time.
+`RemoteCallError`; both name the component (`worker_name`: trainer/rank0, rollout/replica1, ...), the call
+and the elapsed time. This module sits at the ground of the package, so every room that talks to an actor
+(rollout, core, launch) waits the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from typing import Any, Sequence
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+
+
+def worker_name(pool_name: str, index: int) -> str:
+    """How errors, logs and `summary.json` name a worker: trainer/rank0, rollout/replica1."""
+    return f"trainer/rank{index}" if pool_name == "trainer" else f"{pool_name}/replica{index}"
 
 
 class RemoteCallError(RuntimeError):

@@ -8,13 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.config import AsyncRLConfig
-from asyncrl.recipes.runtime import build_runtime
+from asyncrl.launch.runtime import ModeActors, build_runtime
 from asyncrl.recipes.fully_async import FullyAsyncRecipe
 from asyncrl.recipes.one_step_off import OneStepOffRecipe
 from asyncrl.recipes.sync import SyncRecipe
 
 RECIPES = {"sync": SyncRecipe, "one_step_off": OneStepOffRecipe, "fully_async": FullyAsyncRecipe}
-MODE_ACTORS = {"fully_async": FullyAsyncRecipe.launch_actors}   # started with the runtime, not after it
+# Started with the runtime, not after it; the fully-async rollouter owns the rollout backend.
+MODE_ACTORS = {"fully_async": ModeActors(FullyAsyncRecipe.launch_actors, FullyAsyncRecipe.host_rollout)}
 
 
 def train(config: AsyncRLConfig) -> dict[str, Any]:
