@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import ray
 import torch
 
-from asyncrl.config import AsyncRLConfig, ConfigError, dump_config
+from asyncrl.config import AsyncRLConfig, ConfigError, check_environment, dump_config
 from asyncrl.core import PPOCore, Runtime, TrainerGroup
 from asyncrl.core.checkpoint import CheckpointManager
 from asyncrl.core.trainer_rank import TrainerActor
@@ -44,8 +44,9 @@ logger = logging.getLogger(__name__)
 
 
 def load_inputs(config: AsyncRLConfig) -> tuple[Any, PromptDataset, Optional[PromptDataset]]:
-    """Tokenizer and datasets: everything that can be wrong with the user's files (and the rollout backend's
-    name), checked before Ray."""
+    """Tokenizer and datasets: everything that can be wrong with the user's files, the machine (a CUDA device,
+    the resume folder) and the rollout backend's name, checked before Ray."""
+    check_environment(config, has_ray_cluster=ray.is_initialized())
     resolve_backend(config)
     model_config, tokenizer = check_model_inputs(config)
     budget = config.data.max_prompt_length + config.data.max_response_length

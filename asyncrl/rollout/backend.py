@@ -101,7 +101,8 @@ class RolloutBackend(ABC):
     def start_generate(self, requests: list[GenerationRequest]) -> PendingGeneration:
         """Dispatches a batch and returns at once; `results()` collects it. Not held by `pause` (the driver
         dispatches only between its own syncs). A backend with several workers spreads the batch over them;
-        this default generates it in process before returning."""
+        this default generates it in a private event loop before returning, so a backend whose `generate`
+        must run on its host's own loop (hosted by an actor) overrides it."""
         started_s, started = time.time(), time.monotonic()
         results = asyncio.run(self.generate(list(requests)))
         return PendingGeneration.finished(requests, [WorkerOutput("rollout", results, time.monotonic() - started)],

@@ -84,6 +84,18 @@ def test_train_checks_the_folders_before_starting_ray(model_folder, tmp_path, mo
         train(config_for(model_folder, f"model.tokenizer_path={tmp_path}"))
 
 
+@pytest.mark.parametrize("override, message", [
+    ("trainer.resume=/nonexistent/step_3", r"trainer\.resume: checkpoint folder /nonexistent/step_3 does not exist"),
+    ("rollout.backend=ray_replica", r"rollout\.backend: unknown rollout backend 'ray_replica'; did you mean "
+                                    r"'ray_replicas'\?"),
+])
+def test_train_checks_the_machine_and_the_rollout_backend_before_starting_ray(model_folder, monkeypatch, override,
+                                                                               message):
+    monkeypatch.setattr(runtime, "start_ray", lambda config: pytest.fail("Ray started before the checks"))
+    with pytest.raises(ConfigError, match=message):
+        train(config_for(model_folder, "trainer.device=cpu", override))
+
+
 def test_prompt_plus_response_longer_than_the_model_context_fails_before_ray(model_folder):
     config = config_for(model_folder, "data.max_prompt_length=100", "data.max_response_length=40")
     with pytest.raises(ConfigError, match=(
