@@ -40,7 +40,7 @@ def test_config_takes_the_new_name_reads_its_metadata_and_suggests_it_for_a_typo
     config = load_config(None, ["algorithm.adv_estimator=group_sign"])
     assert config.algorithm.adv_estimator == "group_sign" and config.critic.enable is False
     with pytest.raises(ConfigError, match=r"algorithm\.adv_estimator: unknown advantage estimator 'group_sing'; "
-                                          r"did you mean 'group_sign'\? valid names: .*gpg, group_sign"):
+                                          r"did you mean 'group_sign'\? valid names: gae, .*, group_sign$"):
         load_config(None, ["algorithm.adv_estimator=group_sing"])
     with pytest.raises(ConfigError, match=r"adv_estimator=group_sign compares responses within a group and needs "
                                           r"rollout\.n >= 2, got rollout\.n=1"):

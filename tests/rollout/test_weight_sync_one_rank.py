@@ -8,7 +8,7 @@ import numpy as np
 
 from asyncrl.core.requests import make_requests
 from asyncrl.engine import SamplingParams
-from tests.distributed.test_weight_sync import assert_engines_equal_trainer, start_setup, stop_setup, train_one_step
+from tests.rollout.test_weight_sync import assert_engines_equal_trainer, start_setup, stop_setup, train_one_step
 
 
 def test_one_rank_trainer_syncs_bitwise_after_every_update(tmp_path_factory, ray_session):
