@@ -44,10 +44,9 @@ logger = logging.getLogger(__name__)
 
 
 def load_inputs(config: AsyncRLConfig) -> tuple[Any, PromptDataset, Optional[PromptDataset]]:
-    """Tokenizer and datasets: everything that can be wrong with the user's files, the machine (a CUDA device,
-    the resume folder) and the rollout backend's name, checked before Ray."""
+    """Tokenizer and datasets: everything that can be wrong with the user's files and the machine (a CUDA
+    device, the resume folder), checked before Ray."""
     check_environment(config, has_ray_cluster=ray.is_initialized())
-    resolve_backend(config)
     model_config, tokenizer = check_model_inputs(config)
     budget = config.data.max_prompt_length + config.data.max_response_length
     if budget > model_config.max_position_embeddings:
@@ -63,10 +62,10 @@ def uses_gpu(config: AsyncRLConfig) -> bool:
                                                  ray.cluster_resources().get("GPU", 0) > 0)
 
 
-def pool_specs(config: AsyncRLConfig) -> list[PoolSpec]:
-    """The trainer pool, and in separated modes the rollout pool (one device per replica)."""
+def pool_specs(config: AsyncRLConfig, backend: RolloutBackendSpec) -> list[PoolSpec]:
+    """The trainer pool, and for a backend on devices of its own the rollout pool (one device per replica)."""
     num_trainers = config.trainer.n_gpus_per_node * config.trainer.nnodes
-    num_replicas = num_rollout_replicas(config)
+    num_replicas = num_rollout_replicas(config, backend)
     for key, name in (("ray.trainer_node_resource", config.ray.trainer_node_resource),
                       ("ray.rollout_node_resource", config.ray.rollout_node_resource)):
         if name and name not in ray.cluster_resources():
@@ -85,9 +84,9 @@ def pool_specs(config: AsyncRLConfig) -> list[PoolSpec]:
     return specs
 
 
-def num_rollout_replicas(config: AsyncRLConfig) -> int:
+def num_rollout_replicas(config: AsyncRLConfig, backend: RolloutBackendSpec) -> int:
     """A backend on devices of its own runs one replica per rollout device; others reserve none."""
-    if resolve_backend(config).placement != "separate":
+    if backend.placement != "separate":
         return 0
     return config.rollout.n_gpus_per_node * config.rollout.nnodes
 
@@ -188,15 +187,15 @@ class ModeActors:
 
 def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = None) -> Runtime:
     """Every actor of the run, started concurrently (replicas and the mode's actors load while the trainers
-    start), then joined; the rollout backend named by `rollout.backend` is built once, here."""
-    tokenizer, train_data, val_data = load_inputs(config)
+    start), then joined; the rollout backend named by `rollout.backend` is resolved once, here."""
     backend = resolve_backend(config)
+    tokenizer, train_data, val_data = load_inputs(config)
     reward = RewardExecutor.from_config(config.reward)
     output_dir = Path(config.trainer.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "config.yaml").write_text(dump_config(config))
     start_ray(config.ray)
-    pools = allocate_pools(pool_specs(config))
+    pools = allocate_pools(pool_specs(config, backend))
     logger.info("placement: %s", ", ".join(f"{name} on {where['node_ip']} ({where['node_id'][:8]})"
                                            for name, where in pools.placement().items()))
     replicas = launch_replicas(config, pools) if backend.placement == "separate" else []

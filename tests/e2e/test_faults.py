@@ -33,6 +33,7 @@ from asyncrl.config import dump_config
 from asyncrl.launch import runtime, train
 from asyncrl.recipes.errors import IncompatibleCheckpointError
 from asyncrl.recipes.fully_async.trainer import PipelineStalledError
+from asyncrl.rollout import resolve_backend
 from asyncrl.telemetry import read_metrics
 
 
@@ -227,7 +228,7 @@ def test_a_trainer_port_taken_between_probe_and_bind_is_retried_on_a_fresh_one(m
 
         monkeypatch.setattr(runtime, "node_address", ProbedAddresses())
         caplog.set_level(logging.WARNING, logger="asyncrl")
-        pools = runtime.allocate_pools(runtime.pool_specs(config))
+        pools = runtime.allocate_pools(runtime.pool_specs(config, resolve_backend(config)))
         try:
             group = runtime.start_trainers(config, pools, total_steps=1, host_engine=False)
             assert ports == []  # both addresses were used

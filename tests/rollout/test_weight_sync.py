@@ -25,7 +25,7 @@ from asyncrl.launch.resource_pool import allocate_pools
 from asyncrl.launch.runtime import launch_replicas, num_rollout_replicas, pool_specs, rollout_context, start_trainers
 from asyncrl.models import CausalLM, build_tiny_model, load_model, load_tokenizer, read_config
 from asyncrl.remote import RemoteTimeoutError
-from asyncrl.rollout import ReplicaSet, RolloutContext
+from asyncrl.rollout import ReplicaSet, RolloutContext, resolve_backend
 from asyncrl.rollout.replica import RolloutReplica
 from asyncrl.train import PolicyUpdateSpec
 
@@ -41,7 +41,7 @@ def start_setup(tmp_path_factory, trainer_ranks: int, tie_word_embeddings: bool 
         "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "actor.optim.lr=1e-2",
         "data.max_response_length=6", "rollout.cpu_kv_cache_mb=8", "weight_sync.bucket_mb=1",
         "weight_sync.timeout_s=20", "ray.rpc_timeout_s=120"])
-    pools = allocate_pools(pool_specs(config))
+    pools = allocate_pools(pool_specs(config, resolve_backend(config)))
     trainers = start_trainers(config, pools, total_steps=10, host_engine=False)
     rollout = ReplicaSet(rollout_context(config, pools, launch_replicas(config, pools), trainers))
     tokenizer = load_tokenizer(model)
@@ -90,7 +90,7 @@ def assert_states_equal(config, trainer_state: dict[str, np.ndarray], engine_sta
         names = {name for name, _ in CausalLM(model_config).named_parameters()}
     assert ("lm_head.weight" in names) != model_config.tie_word_embeddings
     assert set(trainer_state) == names, sorted(names ^ set(trainer_state))
-    assert len(engine_states) == num_rollout_replicas(config)
+    assert len(engine_states) == num_rollout_replicas(config, resolve_backend(config))
     for replica, state in enumerate(engine_states):
         assert int(state["__version__"]) == version, replica
         assert set(state) - {"__version__"} == names, (replica, sorted(names ^ (set(state) - {"__version__"})))
