@@ -138,8 +138,9 @@ class OptimConfig:
     lr_warmup_steps_ratio: float = option(0.0, "warmup as a fraction of the total steps", ge=0.0, le=1.0)
     lr_scheduler_type: Literal["constant", "cosine"] = option("constant", "schedule after warmup")
     min_lr_ratio: float = option(0.0, "cosine floor as a fraction of lr", ge=0.0, le=1.0)
-    total_training_steps: int = option(-1, "optimizer steps of the run for the schedule; -1 = derived", ge=1,
-                                       also_allowed=(-1,))
+    total_training_steps: int = option(
+        -1, "updates the LR schedule spans; -1 = the run's own length (its training steps: one update each)", ge=1,
+        also_allowed=(-1,))
 
 
 @dataclass

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-from asyncrl.config import AsyncRLConfig
+from asyncrl.config import AsyncRLConfig, prompts_per_step
 from asyncrl.core.checkpoint import CheckpointManager
 from asyncrl.core.runtime import Runtime
 from asyncrl.data.records import TokenizedPrompt
@@ -40,9 +40,10 @@ RESUME_CRITICAL_KEYS = (
 
 
 def total_training_steps(config: AsyncRLConfig, num_prompts: int) -> int:
-    """Steps of the whole run, known before any worker is built (the LR schedule needs it)."""
-    per_epoch = math.ceil(num_prompts / config.data.train_batch_size)
-    steps = per_epoch * config.trainer.total_epochs
+    """Steps of the whole run, known before any worker is built (the LR schedule is sized from it). Every
+    mode draws its batches from one stream of prompts that crosses epoch boundaries without a gap, so the
+    run takes ceil(prompts over all epochs / prompts per step) steps, and only the last one may be short."""
+    steps = math.ceil(num_prompts * config.trainer.total_epochs / prompts_per_step(config))
     return min(steps, config.trainer.total_steps) if config.trainer.total_steps > 0 else steps
 
 

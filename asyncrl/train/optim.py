@@ -39,4 +39,8 @@ def lr_factor(step: int, config: OptimConfig, total_steps: int) -> float:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig,
                     total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """`total_steps` is the run's length as the recipe will train it; `optim.total_training_steps` > 0
+    replaces it (a schedule meant for a longer run, of which this one is a part)."""
+    if config.total_training_steps > 0:
+        total_steps = config.total_training_steps
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config, total_steps))

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import ray
 
-from asyncrl.config import AsyncRLConfig
+from asyncrl.config import AsyncRLConfig, prompts_per_step
 from asyncrl.core import Runtime
 from asyncrl.core.records import Sample
 from asyncrl.data.dataset import PromptDataset
@@ -49,10 +49,8 @@ class FullyAsyncRecipe:
         self.core = runtime.core
         self.config = runtime.config
         self.loop = TrainingLoop.create(runtime)
-        asynchronous = self.config.async_training
-        self.prompts_per_step = self.config.actor.ppo_mini_batch_size * asynchronous.require_batches
-        self.steps_per_sync = asynchronous.trigger_parameter_sync_step
-        self.loop.total_steps = self.total_steps()
+        self.prompts_per_step = prompts_per_step(self.config)
+        self.steps_per_sync = self.config.async_training.trigger_parameter_sync_step
         self.local_step = 0
         self.timeout_s = self.config.ray.rpc_timeout_s
         self.next_groups: Optional[list[list[Sample]]] = None
@@ -67,11 +65,6 @@ class FullyAsyncRecipe:
         # version's budget and checkpointed at the head of the queue, as if they had never left it.
         self.prefetch: Any = None
         self.held: list[list[Sample]] = []
-
-    def total_steps(self) -> int:
-        num_prompts = len(self.runtime.train_data) * self.config.trainer.total_epochs
-        steps = -(-num_prompts // self.prompts_per_step)
-        return min(steps, self.config.trainer.total_steps) if self.config.trainer.total_steps > 0 else steps
 
     # ---- StepRecipe -----------------------------------------------------------------------------------
     @staticmethod
