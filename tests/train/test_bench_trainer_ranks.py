@@ -27,8 +27,9 @@ def test_two_ranks_measure_the_same_global_update_as_one_rank():
 
 
 def test_help_documents_the_world_size(capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
+    assert exit_info.value.code == 0
     assert "--world-size" in capsys.readouterr().out
 
 

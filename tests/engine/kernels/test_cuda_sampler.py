@@ -63,7 +63,7 @@ def test_cuda_sample_runs_the_reference_race_on_the_engine_shape():
     scores = logits.double() - torch.log(-torch.log(uniform))  # (rows, V), the race at T = 1
     best = scores.max(dim=1).values
     # Both kernels take E = -log2(u) from the hardware's approximate log2, up to 28% low for the u next to 1 that
-    # the race draws (log2_near_one_probe, docs/benchmarks.md round 19): such a winner's score moves by up to ~0.3,
+    # the race draws (measured by a probe of lg2.approx over u in (1 - 2^-23, 1)): such a winner's score moves by up to ~0.3,
     # and only a runner-up that close can be picked instead. With this fixed seed every pick is within 0.05 of the
     # race's best; a wrong token (a bug in the hash, the noise or the comparison) loses by far more.
     gaps = [best - scores.gather(1, token_ids[:, None]).squeeze(1) for token_ids in (ours[0], theirs[0])]
