@@ -14,7 +14,7 @@ The rules that differ by mode are the fully_async keys themselves (`check_async`
 
 from __future__ import annotations
 
-from asyncrl.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+from asyncrl.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, REJECTION_LEVELS
 from asyncrl.config.errors import ConfigError
 from asyncrl.config.schema import AsyncRLConfig
 
@@ -32,10 +32,13 @@ def check_invariants(config: AsyncRLConfig) -> None:
     check_optimizers(config)
     check_policy_loss(config)
     check_algorithm(config)
+    check_rejection(config)
+    check_reward_shaping(config)
     check_async(config)
     check_cuda_graphs(config)
     check_decode_attention(config)
     check_length_distribution(config.rollout.length_distribution)
+    check_multi_turn(config)
     unknown_loggers = sorted(set(config.trainer.logger) - LOGGERS)
     if unknown_loggers:
         raise ConfigError(f"trainer.logger: unknown tracker(s) {unknown_loggers}; valid: {sorted(LOGGERS)}")
@@ -111,14 +114,41 @@ def check_algorithm(config: AsyncRLConfig) -> None:
             f"stages do not produce yet; use one of {', '.join(usable)}")
     if estimator.needs_critic and config.critic.enable is False:
         raise ConfigError(f"algorithm.adv_estimator={name} needs a critic, but critic.enable=false")
-    correction = algorithm.rollout_correction
-    lower, upper = correction.rollout_rs_threshold_lower, correction.rollout_rs_threshold
-    if correction.rollout_rs is not None and lower is None and upper is None:
-        raise ConfigError(f"algorithm.rollout_correction.rollout_rs={correction.rollout_rs} is set but neither "
-                          f"rollout_rs_threshold nor rollout_rs_threshold_lower is; set one of them")
+    if algorithm.filter_groups.enable and not estimator.needs_groups:
+        # Dynamic sampling keeps groups whose rewards vary: only a group estimator gives the others no advantage.
+        grouped = [spec.name for spec in ADVANTAGE_ESTIMATORS.specs() if spec.needs_groups]
+        raise ConfigError(f"algorithm.filter_groups.enable drops the groups whose rewards do not vary, which only a "
+                          f"group estimator ignores; algorithm.adv_estimator={name} is none: use one of "
+                          f"{', '.join(grouped)}, or filter_groups.enable=false")
+
+
+def check_rejection(config: AsyncRLConfig) -> None:
+    """A ratio level keeps a band [lower, upper] (one bound may be implied); a KL level (k2 / k3) bounds an estimate
+    that is never negative, from above only."""
+    correction = config.algorithm.rollout_correction
+    level, lower, upper = correction.rollout_rs, correction.rollout_rs_threshold_lower, correction.rollout_rs_threshold
+    if level is None:
+        return
+    if REJECTION_LEVELS.spec(level).is_divergence:
+        if upper is None or lower is not None:
+            raise ConfigError(f"algorithm.rollout_correction.rollout_rs={level} bounds a KL estimate from above only: "
+                              f"set rollout_rs_threshold and leave rollout_rs_threshold_lower null, got "
+                              f"rollout_rs_threshold={upper}, rollout_rs_threshold_lower={lower}")
+        return
+    if lower is None and upper is None:
+        raise ConfigError(f"algorithm.rollout_correction.rollout_rs={level} is set but neither rollout_rs_threshold "
+                          f"nor rollout_rs_threshold_lower is; set one of them")
     if lower is not None and upper is not None and lower >= upper:
         raise ConfigError(f"algorithm.rollout_correction.rollout_rs_threshold_lower ({lower}) must be below "
                           f"rollout_rs_threshold ({upper})")
+
+
+def check_reward_shaping(config: AsyncRLConfig) -> None:
+    overlong, budget = config.reward.overlong_buffer, config.data.max_response_length
+    if overlong.enable and not 0 < overlong.len <= budget:
+        raise ConfigError(f"reward.overlong_buffer.len must be within 1 .. data.max_response_length ({budget}) when "
+                          f"reward.overlong_buffer.enable=true, got {overlong.len}: the penalty rises over the last "
+                          f"len tokens of the budget")
 
 
 def check_async(config: AsyncRLConfig) -> None:
@@ -196,3 +226,17 @@ def resolve_critic(config: AsyncRLConfig) -> None:
 
 def needs_reference(config: AsyncRLConfig) -> bool:
     return config.algorithm.use_kl_in_reward or config.actor.use_kl_loss
+
+
+def check_multi_turn(config: AsyncRLConfig) -> None:
+    """Multi-turn rollouts render tool results through the chat template and need a tool file."""
+    multi_turn = config.rollout.multi_turn
+    if not multi_turn.enable:
+        return
+    if not multi_turn.tool_config_path:
+        raise ConfigError("rollout.multi_turn.enable=true needs rollout.multi_turn.tool_config_path, the YAML file "
+                          "of the tools the model may call (docs/agents.md)")
+    if not config.data.apply_chat_template:
+        raise ConfigError("rollout.multi_turn.enable=true renders tool results through the chat template's tool "
+                          "role; data.apply_chat_template=false has none (set it true, with "
+                          "data.chat_template_fallback=plain for a tokenizer without a template)")

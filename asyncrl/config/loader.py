@@ -5,7 +5,8 @@
 Errors are `ConfigError` (a ValueError) naming the dotted key, the bad value and what is allowed; for an
 unknown key or an unregistered algorithm name, the closest valid one. Every float must be finite (NaN and
 infinities are refused whatever the key) and every int must fit in 64 bits; each field's own bounds come
-from its metadata (`fields.option`). Cross-field invariants run last (`invariants.check_invariants`). What
+from its metadata (`fields.option`). A named preset (`algorithm.rollout_correction.preset`) first fills the keys
+of its section that the file and the overrides left unset. Cross-field invariants run last (`invariants.check_invariants`). What
 the machine decides (a CUDA device, a resume folder) is checked later, before Ray starts
 (`environment.check_environment`).
 """
@@ -22,6 +23,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from asyncrl.algos import ROLLOUT_CORRECTION_PRESETS
 from asyncrl.config.errors import ConfigError
 from asyncrl.config.fields import bounds_text, is_within_bounds
 from asyncrl.config.invariants import check_invariants, resolve_critic
@@ -41,6 +43,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for override in overrides or []:
         key, value = parse_override(override)
         set_dotted(tree, key, value)
+    apply_correction_preset(tree)
     config = build_dataclass(AsyncRLConfig, tree, prefix="")
     if check:
         check_invariants(config)
@@ -69,6 +72,21 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
             raise ConfigError(f"override {key}: {part} is a value, not a section")
         node = child
     node[parts[-1]] = value
+
+
+def apply_correction_preset(tree: dict[str, Any]) -> None:
+    """Fill algorithm.rollout_correction from its `preset`: the preset's settings first, keys set explicitly win."""
+    section: Any = tree
+    for part in ("algorithm", "rollout_correction"):
+        section = section.get(part) if isinstance(section, dict) else None
+    if not isinstance(section, dict) or section.get("preset") is None:
+        return  # no preset (a section that is no mapping fails in build_dataclass, naming its key)
+    name = section["preset"]
+    if name not in ROLLOUT_CORRECTION_PRESETS:
+        raise ConfigError(
+            f"algorithm.rollout_correction.preset: {ROLLOUT_CORRECTION_PRESETS.unknown_name_message(name)}")
+    for key, value in ROLLOUT_CORRECTION_PRESETS.spec(name).settings().items():
+        section.setdefault(key, value)
 
 
 def build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from asyncrl.algos import ADVANTAGE_ESTIMATORS, CORRECTION_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+from asyncrl.algos import (ADVANTAGE_ESTIMATORS, CORRECTION_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES,
+                           REJECTION_LEVELS, ROLLOUT_CORRECTION_PRESETS)
 from asyncrl.config.fields import option, section
 
 Mode = Literal["sync", "one_step_off", "fully_async"]
@@ -33,6 +34,8 @@ MAX_SEED = 2**32 - 1
 # Memory limits become bytes for setrlimit, a signed 64-bit number; 2**30 MiB (1 PiB) is far below it.
 MAX_MEMORY_MB = 2**30
 DecodeAttention = Literal["auto", "triton", "cuda"]
+# What dynamic sampling compares within a group (verl's algorithm.filter_groups.metric): see FilterGroupsConfig.
+FilterMetric = Literal["acc", "score", "seq_reward"]
 DecodeProducts = Literal["auto", "fused", "torch"]
 
 
@@ -84,6 +87,31 @@ class ValSamplingConfig:
     top_k: int = option(-1, "validation top-k; -1 disables", ge=1, also_allowed=(-1,))
 
 
+ToolResponseTruncateSide = Literal["left", "right", "middle"]
+
+
+@dataclass
+class MultiTurnConfig:
+    enable: bool = option(False, "multi-turn agentic rollouts: the model may call tools (docs/agents.md); a sample "
+                                 "is the prompt, the model's turns and the tool results, which do not train")
+    max_assistant_turns: int = option(5, "model turns per trajectory; a trajectory still calling tools after the "
+                                         "last one ends there", gt=0)
+    max_parallel_calls: int = option(1, "tool calls of one turn run at once; further calls of the turn get an "
+                                        "error message instead of running", gt=0)
+    max_tool_response_length: int = option(256, "tokens a tool result may take in the trajectory; longer ones are "
+                                                "cut on tool_response_truncate_side", gt=0)
+    tool_response_truncate_side: ToolResponseTruncateSide = option(
+        "middle", "which part of a long tool result is cut: left keeps its end, right its start, middle both ends")
+    tool_config_path: str = option("", "YAML file of the tools: each tool's class_name (a built-in name, "
+                                       "'file.py:function' or 'package.module:Class'), its config and its OpenAI "
+                                       "function schema (tool_schema)")
+    format: str = option("hermes", "tool-call format the model writes, a name registered in "
+                                   "asyncrl.rollout.agent.TOOL_CALL_PARSERS: hermes = <tool_call>{\"name\": ..., "
+                                   "\"arguments\": {...}}</tool_call> (Qwen2.5)")
+    tool_timeout_s: float = option(30.0, "wall-time limit of one tool call unless its config sets timeout_s; past "
+                                         "it the model reads a timeout error", gt=0.0, le=MAX_WAIT_S)
+
+
 @dataclass
 class RolloutConfig:
     n: int = option(4, "responses sampled per prompt (the group size of GRPO-family estimators)", gt=0)
@@ -124,6 +152,7 @@ class RolloutConfig:
                                           "re-syncs its weights and re-queues its requests)", ge=0)
     nnodes: int = option(1, "rollout nodes in separated modes", gt=0)
     val_kwargs: ValSamplingConfig = section(ValSamplingConfig, "sampling used for validation")
+    multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn agentic rollouts with tools")
 
 
 @dataclass
@@ -151,6 +180,9 @@ class PolicyLossConfig:
     clip_cov_ub: float = option(5.0, "clip_cov: upper covariance bound")
     kl_cov_ratio: float = option(2e-4, "kl_cov: fraction of tokens penalised", ge=0.0, le=1.0)
     ppo_kl_coef: float = option(0.1, "kl_cov: coefficient of the |log-ratio| penalty", ge=0.0)
+    tau_pos: float = option(1.0, "sapo: temperature of the soft gate on tokens with a positive advantage", gt=0.0)
+    tau_neg: float = option(1.05, "sapo: temperature of the soft gate on tokens with a zero or negative advantage "
+                                  "(above tau_pos: damped sooner)", gt=0.0)
 
 
 @dataclass
@@ -216,6 +248,9 @@ class KLControlConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
+    preset: Optional[str] = option(
+        None, "a named setting of every other key of this section (the reference system's presets); the loader "
+              "applies it first, and keys set explicitly win; null = none", choices=ROLLOUT_CORRECTION_PRESETS)
     bypass_mode: bool = option(
         True, "true: old log-probs = rollout log-probs (two policies); false: decoupled, the trainer "
               "recomputes the proximal policy's log-probs (three policies)")
@@ -224,9 +259,32 @@ class RolloutCorrectionConfig:
     rollout_is: Optional[str] = option(None, "importance-weight level; null = none", choices=CORRECTION_LEVELS)
     rollout_is_threshold: float = option(2.0, "upper truncation of the importance weights", gt=0.0)
     rollout_is_batch_normalize: bool = option(False, "divide the truncated weights by their batch mean")
-    rollout_rs: Optional[str] = option(None, "rejection level; null = none", choices=CORRECTION_LEVELS)
-    rollout_rs_threshold: Optional[float] = option(None, "reject when the ratio exceeds this", gt=0.0)
-    rollout_rs_threshold_lower: Optional[float] = option(None, "reject when the ratio is below this", gt=0.0)
+    rollout_rs: Optional[str] = option(
+        None, "rejection level: a ratio level (token, sequence, geometric) kept within [rs_threshold_lower, "
+              "rs_threshold], or a KL estimate (k2 / k3, per token or per sequence) kept up to rs_threshold; "
+              "null = none", choices=REJECTION_LEVELS)
+    rollout_rs_threshold: Optional[float] = option(
+        None, "reject when the ratio, or the KL estimate of a k2 / k3 level, exceeds this", gt=0.0)
+    rollout_rs_threshold_lower: Optional[float] = option(
+        None, "ratio levels: reject when the ratio is below this (null = 1 / rollout_rs_threshold); k2 / k3 levels "
+              "take none", gt=0.0)
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = option(
+        False, "dynamic sampling (DAPO): drop the groups whose rollout.n responses all got the same `metric` (a "
+               "group estimator gives them no advantage) and keep generating until a step has its groups: "
+               "data.train_batch_size in sync and one_step_off, R = actor.ppo_mini_batch_size x "
+               "async_training.require_batches in fully_async")
+    metric: FilterMetric = option(
+        "acc", "what must vary within a group: acc = the `acc` value of a reward function's dict result, else its "
+               "score; score = the reward function's score; seq_reward = the trained reward (score plus the "
+               "overlong penalty)")
+    max_num_gen_batches: int = option(
+        0, "generation batches one step may use before the run stops with an error (the data is too easy or too "
+           "hard): batches of data.train_batch_size prompts in sync and one_step_off, of R prompts in fully_async; "
+           "0 = no limit", ge=0)
 
 
 @dataclass
@@ -240,6 +298,19 @@ class AlgorithmConfig:
     kl_ctrl: KLControlConfig = section(KLControlConfig, "KL-in-reward coefficient")
     rollout_correction: RolloutCorrectionConfig = section(
         RolloutCorrectionConfig, "off-policy correction between the rollout and the old/proximal policy")
+    filter_groups: FilterGroupsConfig = section(
+        FilterGroupsConfig, "dynamic sampling: train only groups whose rewards vary (every mode)")
+
+
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = option(
+        False, "DAPO's soft overlong punishment: a training response longer than data.max_response_length - len "
+               "tokens gets (length - (data.max_response_length - len)) / len x penalty_factor subtracted from its "
+               "reward, penalty_factor at the full budget (every mode; validation scores are not shaped)")
+    len: int = option(0, "the buffer: how many of the last tokens of data.max_response_length are penalised, "
+                         "linearly (0 < len <= data.max_response_length when enabled)", ge=0)
+    penalty_factor: float = option(1.0, "the penalty of a response that uses the whole token budget", ge=0.0)
 
 
 @dataclass
@@ -262,6 +333,8 @@ class RewardConfig:
     max_cpu_s: Optional[int] = option(
         None, "CPU seconds a scoring process may spend on one sample (Linux); past it the process is "
               "replaced and the sample scores 0; null = none", gt=0, le=int(MAX_WAIT_S))
+    overlong_buffer: OverlongBufferConfig = section(
+        OverlongBufferConfig, "reward shaping of responses that approach the token budget (DAPO)")
 
 
 @dataclass

@@ -75,7 +75,7 @@ def policy_loss_terms(log_probs: Tensor, entropy: Tensor, micro: ResponseFields,
         clip_ratio_low=spec.clip_ratio_low, clip_ratio_high=spec.clip_ratio_high, clip_ratio_c=spec.clip_ratio_c,
         rollout_is_weights=is_weights, clip_cov_ratio=spec.clip_cov_ratio, clip_cov_lb=spec.clip_cov_lb,
         clip_cov_ub=spec.clip_cov_ub, kl_cov_ratio=spec.kl_cov_ratio, ppo_kl_coef=spec.ppo_kl_coef,
-        loss_agg_mode=spec.loss_agg_mode, **counts)
+        tau_pos=spec.tau_pos, tau_neg=spec.tau_neg, loss_agg_mode=spec.loss_agg_mode, **counts)
     metrics.additive["pg_loss"] = pg_loss
     metrics.token_means.update({name: pg_metrics[name] for name in LOSS_TOKEN_METRICS if name in pg_metrics})
     loss = pg_loss

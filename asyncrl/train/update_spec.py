@@ -44,6 +44,8 @@ class PolicyUpdateSpec:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 2e-4
     ppo_kl_coef: float = 0.1
+    tau_pos: float = 1.0                # sapo's gate temperatures, for A > 0 and A <= 0
+    tau_neg: float = 1.05
 
     @classmethod
     def from_config(cls, config: AsyncRLConfig, num_rows: int, step: int) -> "PolicyUpdateSpec":
@@ -70,7 +72,8 @@ class PolicyUpdateSpec:
             bypass_rs_threshold_lower=correction.rollout_rs_threshold_lower,
             clip_cov_ratio=actor.policy_loss.clip_cov_ratio, clip_cov_lb=actor.policy_loss.clip_cov_lb,
             clip_cov_ub=actor.policy_loss.clip_cov_ub, kl_cov_ratio=actor.policy_loss.kl_cov_ratio,
-            ppo_kl_coef=actor.policy_loss.ppo_kl_coef,
+            ppo_kl_coef=actor.policy_loss.ppo_kl_coef, tau_pos=actor.policy_loss.tau_pos,
+            tau_neg=actor.policy_loss.tau_neg,
         )
 
 

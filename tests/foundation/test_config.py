@@ -5,7 +5,8 @@ import typing
 
 import pytest
 
-from asyncrl.algos import ADVANTAGE_ESTIMATORS, CORRECTION_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+from asyncrl.algos import (ADVANTAGE_ESTIMATORS, CORRECTION_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES,
+                           REJECTION_LEVELS, ROLLOUT_CORRECTION_PRESETS)
 from asyncrl.config import AsyncRLConfig, ConfigError, dump_config, load_config, needs_critic
 from asyncrl.config.schema import ActorConfig, AlgorithmConfig, CriticConfig, PolicyLossConfig, RolloutCorrectionConfig
 
@@ -122,8 +123,9 @@ def test_algorithm_keys_choose_from_the_registries_themselves():
     assert choices(AlgorithmConfig, "kl_penalty") is choices(ActorConfig, "kl_loss_type") is KL_ESTIMATORS
     assert choices(PolicyLossConfig, "loss_mode") is POLICY_LOSSES
     assert choices(ActorConfig, "loss_agg_mode") is choices(CriticConfig, "loss_agg_mode") is LOSS_AGG_MODES
-    assert choices(RolloutCorrectionConfig, "rollout_is") is choices(RolloutCorrectionConfig, "rollout_rs") \
-        is CORRECTION_LEVELS
+    assert choices(RolloutCorrectionConfig, "rollout_is") is CORRECTION_LEVELS
+    assert choices(RolloutCorrectionConfig, "rollout_rs") is REJECTION_LEVELS  # the ratio levels and the k2 / k3 ones
+    assert choices(RolloutCorrectionConfig, "preset") is ROLLOUT_CORRECTION_PRESETS
 
 
 def test_an_unset_critic_enable_is_decided_by_the_estimator_when_the_config_loads():
