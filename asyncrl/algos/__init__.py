@@ -1,6 +1,6 @@
 """Pure tensor functions of RL post-training: advantages, policy and value losses, loss aggregation, KL,
-entropy and rollout correction. Imports nothing but torch; every function documents its tensor shapes
-(B = responses, T = padded response length) and returns ``(result, metrics)`` where it has metrics.
+entropy, rollout correction and reward shaping (the overlong penalty). Imports nothing but torch; every function
+documents its tensor shapes (B = responses, T = padded response length) and returns ``(result, metrics)`` where it has metrics.
 
 Each family that a config chooses by name is a `Registry` whose entries carry their own metadata
 (`registry.py`): ADVANTAGE_ESTIMATORS, POLICY_LOSSES, KL_ESTIMATORS, LOSS_AGG_MODES, CORRECTION_LEVELS,
@@ -19,6 +19,7 @@ from asyncrl.algos.kl import (
     kl_penalty,
 )
 from asyncrl.algos.masked import masked_mean, masked_sum, masked_whiten
+from asyncrl.algos.overlong import overlong_penalty
 from asyncrl.algos.policy_losses import POLICY_LOSSES, PolicyLossSpec
 from asyncrl.algos.registry import Entry, Registry
 from asyncrl.algos.rollout_correction import (
@@ -57,5 +58,6 @@ __all__ = [
     "masked_mean",
     "masked_sum",
     "masked_whiten",
+    "overlong_penalty",
     "value_loss",
 ]
