@@ -48,11 +48,12 @@ class TrainBatch:
     returns: Optional[Tensor] = None                 # (B, R) float32
     rollout_is_weights: Optional[Tensor] = None      # (B, R) float32: off-policy importance weights
     versions: Optional[Tensor] = None                # (B, R) int64: policy version that sampled each token
+    reward_baselines: Optional[Tensor] = None        # (B,) float32: reward of the prompt's greedy response (remax)
 
     def __post_init__(self) -> None:
         num_rows = self.input_ids.shape[0]
-        for name in ("prompt_lengths", "response_lengths", "group_ids"):
-            if getattr(self, name).shape != (num_rows,):
+        for name in ("prompt_lengths", "response_lengths", "group_ids", "reward_baselines"):
+            if getattr(self, name) is not None and getattr(self, name).shape != (num_rows,):
                 raise ValueError(f"TrainBatch.{name} must have shape ({num_rows},), got {tuple(getattr(self, name).shape)}")
         response_shape = tuple(self.response_mask.shape)
         if response_shape[0] != num_rows:
