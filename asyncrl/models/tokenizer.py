@@ -31,12 +31,28 @@ ASSISTANT_TOKEN = "<|assistant|>"
 SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN, SYSTEM_TOKEN, USER_TOKEN, ASSISTANT_TOKEN)
 CHARACTERS = "\t\n" + "".join(chr(code) for code in range(32, 127))  # printable ASCII incl. space and digits
 
-# An assistant turn ends with EOS so that a model learns to stop after answering.
+# An assistant turn ends with EOS so that a model learns to stop after answering. Tool calls follow the Hermes /
+# Qwen2.5 format (one `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` per call, after the content);
+# tool results sit in a user turn, consecutive ones sharing it, each in `<tool_response>...</tool_response>`;
+# the tools' schemas, when given, open the conversation in a system turn, one JSON object per line.
 CHAT_TEMPLATE = (
+    "{%- if tools -%}" + SYSTEM_TOKEN +
+    "{%- if messages[0]['role'] == 'system' -%}{{ messages[0]['content'] + '\\n' }}{%- endif -%}"
+    "<tools>{%- for tool in tools -%}{{ '\\n' }}{{ tool | tojson }}{%- endfor -%}{{ '\\n' }}</tools>"
+    "{%- endif -%}"
     "{%- for message in messages -%}"
-    "{%- if message['role'] == 'system' -%}" + SYSTEM_TOKEN + "{{ message['content'] }}"
+    "{%- if message['role'] == 'system' -%}{%- if not tools -%}" + SYSTEM_TOKEN + "{{ message['content'] }}{%- endif -%}"
     "{%- elif message['role'] == 'user' -%}" + USER_TOKEN + "{{ message['content'] }}"
-    "{%- elif message['role'] == 'assistant' -%}" + ASSISTANT_TOKEN + "{{ message['content'] }}" + EOS_TOKEN +
+    "{%- elif message['role'] == 'assistant' -%}" + ASSISTANT_TOKEN + "{{ message['content'] or '' }}"
+    "{%- if message['tool_calls'] is defined and message['tool_calls'] -%}"
+    "{%- for call in message['tool_calls'] -%}"
+    "{%- set function = call['function'] if call['function'] is defined else call -%}"
+    "<tool_call>{\"name\": \"{{ function['name'] }}\", \"arguments\": {{ function['arguments'] | tojson }}}</tool_call>"
+    "{%- endfor -%}"
+    "{%- endif -%}" + EOS_TOKEN +
+    "{%- elif message['role'] == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}" + USER_TOKEN + "{%- endif -%}"
+    "<tool_response>{{ message['content'] }}</tool_response>"
     "{%- else -%}{{ raise_exception('unknown chat role: ' + message['role']) }}"
     "{%- endif -%}"
     "{%- endfor -%}"

@@ -50,8 +50,22 @@ def test_compact_chat_template(tokenizer):
     assert tokenizer.apply_chat_template(conversation, tokenize=False) == "<|user|>2+3=<|assistant|>5<|endoftext|>"
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     assert len(prompt_ids) == 3 + len("Be brief.") + len("2+3=")  # one token of markup per turn
-    with pytest.raises(Exception, match="unknown chat role: tool"):
-        tokenizer.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
+    with pytest.raises(Exception, match="unknown chat role: function"):
+        tokenizer.apply_chat_template([{"role": "function", "content": "x"}], tokenize=False)
+
+
+def test_compact_chat_template_renders_tool_calls_and_results_in_the_hermes_format(tokenizer):
+    call = {"type": "function", "function": {"name": "calc", "arguments": {"expr": "12*34"}}}
+    conversation = [{"role": "user", "content": "12*34="}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "content": "408"}, {"role": "tool", "content": "1"},
+                    {"role": "assistant", "content": "408"}]
+    assert tokenizer.apply_chat_template(conversation, tokenize=False) == (
+        '<|user|>12*34=<|assistant|><tool_call>{"name": "calc", "arguments": {"expr": "12*34"}}</tool_call>'
+        '<|endoftext|><|user|><tool_response>408</tool_response><tool_response>1</tool_response>'
+        '<|assistant|>408<|endoftext|>')  # consecutive results share one user turn
+    with_tools = tokenizer.apply_chat_template([{"role": "system", "content": "S"}, conversation[0]],
+                                               tools=[{"name": "calc"}], add_generation_prompt=True, tokenize=False)
+    assert with_tools == '<|system|>S\n<tools>\n{"name": "calc"}\n</tools><|user|>12*34=<|assistant|>'
 
 
 def test_load_tokenizer_names_a_folder_without_files(tmp_path):
