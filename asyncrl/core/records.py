@@ -1,8 +1,10 @@
 """Records between the generation stage and the training batch.
 
 A `Sample` is one response to one prompt: who asked (the prompt record and its tokens), what the engine
-returned (tokens, log-probs, per-token versions, finish reason), and, once scored, its reward.
-`samples_to_batch` packs samples into the padded `TrainBatch` the trainer consumes.
+returned (tokens, log-probs, per-token versions, finish reason), and, once scored, its reward: the reward
+function's `score` plus the `overlong_penalty` of reward shaping. An estimator that compares each response with
+the prompt's greedy one (remax) finds that response in `greedy`, shared by the group, and its reward in
+`baseline_score`. `samples_to_batch` packs samples into the padded `TrainBatch` the trainer consumes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,16 @@ class Sample:
     score: Optional[float] = None      # filled by compute_reward
     reward_extra: dict[str, float] = field(default_factory=dict)
     reward_error: Optional[str] = None
+    overlong_penalty: float = 0.0      # <= 0: DAPO's overlong shaping (reward.overlong_buffer), added to the score
+    greedy: Optional[GenerationResult] = None   # the prompt's greedy response, when the estimator needs a baseline
+    baseline_score: Optional[float] = None      # the greedy response's reward, scored and shaped like this one
+
+    @property
+    def reward(self) -> float:
+        """What trains: the score plus the overlong penalty (the score must be set)."""
+        if self.score is None:
+            raise ValueError(f"sample {self.result.request_id} has no score yet: compute_reward comes first")
+        return self.score + self.overlong_penalty
 
     @property
     def prompt_id(self) -> str:
@@ -42,7 +54,8 @@ class Sample:
 
 def samples_to_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
     """Pack samples (in order) into a TrainBatch with rollout log-probs, versions and, if scored,
-    token-level scores (the score sits on the last response token)."""
+    token-level scores (the reward sits on the last response token) and, if every sample has one, the
+    greedy baselines (B,)."""
     batch = TrainBatch.from_sequences([sample.result.prompt_ids.tolist() for sample in samples],
                                       [sample.result.response_ids.tolist() for sample in samples],
                                       [sample.group_index for sample in samples], pad_id)
@@ -58,6 +71,8 @@ def samples_to_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
         scores = torch.zeros(len(samples), width)
         for row, sample in enumerate(samples):
             if sample.num_response_tokens:
-                scores[row, sample.num_response_tokens - 1] = sample.score
+                scores[row, sample.num_response_tokens - 1] = sample.reward
         batch = batch.replace(token_level_scores=scores)
+    if samples and all(sample.baseline_score is not None for sample in samples):
+        batch = batch.replace(reward_baselines=torch.tensor([sample.baseline_score for sample in samples]))
     return batch
