@@ -5,6 +5,7 @@
     model, tokenizer = load_model(path), load_tokenizer(path)
     hidden = model(input_ids, positions)        # (B, T) right-padded rows -> (B, T, hidden)
     logits = model.compute_logits(hidden)       # (B, T, V) fp32
+    scorer = load_model(folder, kind="reward")  # a *ForSequenceClassification folder: scorer(ids, positions, lengths)
 """
 
 from asyncrl.models.attention import (AttentionBackend, FixedCapacityPackedAttention, PackedCausalAttention,
@@ -29,6 +30,7 @@ from asyncrl.models.tokenizer import (
     load_tokenizer,
     save_char_tokenizer,
 )
+from asyncrl.models.sequence_classification import RewardModel
 from asyncrl.models.transformer import CausalLM, TransformerModel, ValueModel
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "FAMILIES",
     "FixedCapacityPackedAttention",
     "PackedCausalAttention",
+    "RewardModel",
     "TransformerConfig",
     "TransformerModel",
     "ValueModel",

@@ -2,6 +2,7 @@
 
     model = load_model("Qwen2.5-0.5B-Instruct", dtype=torch.bfloat16, device="cuda")
     critic = load_model("Qwen2.5-0.5B-Instruct", kind="value")    # backbone from the LM, fresh score head
+    scorer = load_model("my-reward-model", kind="reward")          # a *ForSequenceClassification folder
     check_model_folder("Qwen2.5-0.5B-Instruct")                   # load_model's errors, from file headers only
     save_model(model, "out/step_10", tokenizer_folder="Qwen2.5-0.5B-Instruct")
     for name, tensor in iter_named_tensors(model): ...             # weight sync, HF names
@@ -28,6 +29,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from asyncrl.models.model_config import MODEL_KINDS, TransformerConfig, architecture_of
+from asyncrl.models.sequence_classification import RewardModel
 from asyncrl.models.transformer import CausalLM, ValueModel
 
 CONFIG_FILE = "config.json"
@@ -47,11 +49,11 @@ SAFETENSORS_DTYPE_BITS = {
     "F32": 32, "I64": 64, "U64": 64, "F64": 64, "C64": 64,
 }
 
-Model = CausalLM | ValueModel
+Model = CausalLM | ValueModel | RewardModel
 
 
 def read_config(folder: str | Path) -> tuple[TransformerConfig, str]:
-    """(config, kind stored in the folder: "causal_lm" or "value") from folder/config.json."""
+    """(config, kind stored in the folder: "causal_lm", "value" or "reward") from folder/config.json."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"model folder {folder} does not exist")
@@ -63,15 +65,19 @@ def read_config(folder: str | Path) -> tuple[TransformerConfig, str]:
     except json.JSONDecodeError as error:
         raise ValueError(f"{config_path} is not valid JSON: {error}") from None
     _, stored_kind = architecture_of(hf_config, str(config_path))
+    if stored_kind == "reward":
+        _check_one_label(hf_config, config_path)
     return TransformerConfig.from_hf_dict(hf_config, str(config_path)), stored_kind
 
 
 def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                kind: str = "causal_lm") -> Model:
-    """Builds a CausalLM (kind "causal_lm") or ValueModel (kind "value") from an HF folder.
+    """Builds a CausalLM (kind "causal_lm"), ValueModel (kind "value") or RewardModel (kind "reward") from an
+    HF folder.
 
     A value model loads from its own saved folder (score head included) or from a causal-LM folder (backbone
-    loaded, lm_head ignored, score head initialised by `ValueModel.reset_score_head`).
+    loaded, lm_head ignored, score head initialised by `ValueModel.reset_score_head`). A reward model loads
+    only from a sequence-classification folder: its head is what it has learned.
     """
     folder = Path(folder)
     model, stored_kind = _empty_model(folder, kind)
@@ -104,14 +110,31 @@ def _empty_model(folder: Path, kind: str) -> tuple[Model, str]:
     config, stored_kind = read_config(folder)
     if kind == "causal_lm" and stored_kind == "value":
         raise ValueError(f"model folder {folder} holds a value model (token classification); cannot load it as a causal LM")
+    if (kind == "reward") != (stored_kind == "reward"):
+        raise ValueError(f"model folder {folder} holds a {STORED_KIND_NAMES[stored_kind]}; cannot load it as a "
+                         f"{STORED_KIND_NAMES[kind]}")
     with torch.device("meta"):
-        model = CausalLM(config) if kind == "causal_lm" else ValueModel(config)
+        model = {"causal_lm": CausalLM, "value": ValueModel, "reward": RewardModel}[kind](config)
     return model, stored_kind
+
+
+STORED_KIND_NAMES = {"causal_lm": "causal LM (*ForCausalLM)", "value": "value model (*ForTokenClassification)",
+                     "reward": "reward model (*ForSequenceClassification)"}
+
+
+def _check_one_label(hf_config: dict, config_path: Path) -> None:
+    """A reward model gives one number: num_labels 1 (`transformers` reads num_labels from id2label, and
+    takes 2 when config.json has neither)."""
+    labels = hf_config.get("id2label")
+    num_labels = len(labels) if isinstance(labels, dict) else hf_config.get("num_labels", 2)
+    if num_labels != 1:
+        raise ValueError(f"{config_path}: a reward model has one output (num_labels=1, one id2label entry), got "
+                         f"num_labels={num_labels}; a classifier with several labels gives no scalar reward")
 
 
 def _skipped_names(model: Model, kind: str, stored_kind: str) -> tuple[set[str], set[str]]:
     """(names ignored when the files hold them, parameters the files may lack: a new value head)."""
-    ignored = {"lm_head.weight"} if kind == "value" or model.config.tie_word_embeddings else set()
+    ignored = {"lm_head.weight"} if kind != "causal_lm" or model.config.tie_word_embeddings else set()
     is_new_head = kind == "value" and stored_kind == "causal_lm"
     return ignored, {"score.weight", "score.bias"} if is_new_head else set()
 
@@ -260,7 +283,7 @@ def save_model(model: Model, folder: str | Path, tokenizer_folder: str | Path | 
         total_size = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
         index_json = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
         (folder / WEIGHTS_INDEX_FILE).write_text(json.dumps(index_json, indent=2) + "\n")
-    kind = "value" if isinstance(model, ValueModel) else "causal_lm"
+    kind = "value" if isinstance(model, ValueModel) else "reward" if isinstance(model, RewardModel) else "causal_lm"
     dtype = next(model.parameters()).dtype
     hf_config = model.config.to_hf_dict(kind=kind, dtype=dtype)
     (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")

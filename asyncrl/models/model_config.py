@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 FAMILIES = ("llama", "qwen2", "qwen3")
-MODEL_KINDS = ("causal_lm", "value")
+MODEL_KINDS = ("causal_lm", "value", "reward")
 
-# HF class names by (family, kind); a value model is HF's `*ForTokenClassification` with num_labels=1.
+# HF class names by (family, kind); a value model is HF's `*ForTokenClassification` with num_labels=1, a reward
+# model its `*ForSequenceClassification` with num_labels=1.
 ARCHITECTURES = {
     ("llama", "causal_lm"): "LlamaForCausalLM",
     ("qwen2", "causal_lm"): "Qwen2ForCausalLM",
@@ -28,6 +29,9 @@ ARCHITECTURES = {
     ("llama", "value"): "LlamaForTokenClassification",
     ("qwen2", "value"): "Qwen2ForTokenClassification",
     ("qwen3", "value"): "Qwen3ForTokenClassification",
+    ("llama", "reward"): "LlamaForSequenceClassification",
+    ("qwen2", "reward"): "Qwen2ForSequenceClassification",
+    ("qwen3", "reward"): "Qwen3ForSequenceClassification",
 }
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -145,7 +149,7 @@ class TransformerConfig:
             raise ValueError(f"{source}: {error}") from None
 
     def to_hf_dict(self, kind: str = "causal_lm", dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-        """The config.json dict `transformers` 4.x and 5.x load as `kind` ("causal_lm" or "value")."""
+        """The config.json dict `transformers` 4.x and 5.x load as `kind` ("causal_lm", "value" or "reward")."""
         if kind not in MODEL_KINDS:
             raise ValueError(f"kind must be one of {MODEL_KINDS}, got {kind!r}")
         rope_parameters = {"rope_type": "default", "rope_theta": self.rope_theta}
@@ -184,7 +188,7 @@ class TransformerConfig:
                       layer_types=["full_attention"] * self.num_hidden_layers)
         if self.model_type == "qwen3":
             hf["attention_bias"] = self.attention_bias
-        if kind == "value":
+        if kind in ("value", "reward"):
             hf.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
         return hf
 
