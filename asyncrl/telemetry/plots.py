@@ -7,7 +7,9 @@
 `plot_run` writes each plot whose metrics exist in the run and skips the others:
 `score_vs_step.png`, `score_vs_wall_time.png` (critic/score/mean), `validation_score.png` (val/score/mean
 and every val/<data_source>/score/mean), `response_length.png` (response_length/mean, /max, /min) and
-`time_breakdown.png` (the timing_s/<stage> metrics stacked per step, timing_s/step drawn over them).
+`time_breakdown.png` (the timing_s/<stage> metrics of the step's own path stacked per step, timing_s/step
+drawn over them as a dashed line, and times measured inside or beside that path, such as the generation's
+own `generate_async`, as dotted lines).
 
 matplotlib is imported inside the functions, and only its object-oriented API with the Agg canvas is used:
 importing this module stays cheap, and plotting never touches pyplot's global backend or a display.
@@ -28,6 +30,14 @@ VALIDATION_SOURCE_PATTERN = re.compile(r"^val/(.+)/score/mean$")
 RESPONSE_LENGTH_KEYS = ("response_length/mean", "response_length/max", "response_length/min")
 TIMING_PREFIX = "timing_s/"
 STEP_TIME_KEY = "timing_s/step"
+# Timings that are not a stage of the step's own path, so stacking them would count time twice: each is
+# drawn as a dotted line under its label instead (None: not drawn, it repeats another key).
+UNSTACKED_TIMINGS = {
+    # The generation's own time: inside `gen` in sync mode, beside the training in the async modes.
+    "timing_s/generate_async": "generation (inside gen, or overlapped)",
+    # one_step_off's name for `gen`, the part of generation training did not hide: the same number.
+    "timing_s/wait_prev_gen": None,
+}
 MAX_LEGEND_ENTRIES = 20
 
 
@@ -85,10 +95,12 @@ def plot_validation_score(records: list[dict], path: Path) -> Path | None:
 
 
 def plot_time_breakdown(records: list[dict], path: Path) -> Path | None:
-    """Stacked area of the timing_s/<stage> metrics per step, with the whole step's time as a dashed line."""
+    """Stacked area of the step's stages per step, the whole step's time as a dashed line over them, and
+    the times measured inside or beside the step (`UNSTACKED_TIMINGS`) as dotted lines."""
     keys = sorted({key for record in records for key in record if key.startswith(TIMING_PREFIX)})
     # timing_s/step is the sum of the stages (plus untimed glue): stacking it too would count time twice.
-    stage_keys = [key for key in keys if key != STEP_TIME_KEY] or keys
+    stage_keys = [key for key in keys if key != STEP_TIME_KEY and key not in UNSTACKED_TIMINGS] or \
+        [key for key in keys if key not in UNSTACKED_TIMINGS]
     if not stage_keys:
         return None
     timed_records = [record for record in records if any(record.get(key) is not None for key in stage_keys)]
@@ -100,6 +112,10 @@ def plot_time_breakdown(records: list[dict], path: Path) -> Path | None:
         step_xs, step_ys = series(records, STEP_TIME_KEY)
         if step_xs:
             axes.plot(step_xs, step_ys, color="black", linestyle="--", label="step (total)")
+    for key, label in UNSTACKED_TIMINGS.items():
+        xs, ys = series(records, key)
+        if label is not None and xs:
+            axes.plot(xs, ys, color="dimgray", linestyle=":", label=label)
     axes.set_title("Time per step by stage")
     axes.set_xlabel("step")
     axes.set_ylabel("seconds")

@@ -104,6 +104,24 @@ def test_plot_run_draws_the_runs_numbers(tmp_path, monkeypatch):
     assert tops == pytest.approx([1.0, 1.5])
 
 
+def test_time_breakdown_stacks_only_the_steps_own_stages(tmp_path, monkeypatch):
+    # A sync-mode step as the recipe logs it: generate_async (the generation's own time) is inside gen, and
+    # one_step_off's wait_prev_gen repeats gen; stacking either would raise the stack above the step.
+    figures = saved_figures(monkeypatch)
+    records = [{"step": step, "timing_s/gen": 0.75, "timing_s/generate_async": 0.5, "timing_s/wait_prev_gen": 0.75,
+                "timing_s/update_actor": 0.25, "timing_s/step": 1.125} for step in range(1, 5)]
+    write_metrics(tmp_path, records)
+    plot_run(tmp_path)
+    breakdown = figures["time_breakdown.png"].axes[0]
+    assert [collection.get_label() for collection in breakdown.collections] == ["gen", "update_actor"]
+    tops = [collection.get_paths()[0].vertices[:, 1].max() for collection in breakdown.collections]
+    assert tops == pytest.approx([0.75, 1.0])  # the stack stays under the step's 1.125 s
+    lines = line_points(breakdown)
+    assert lines["step (total)"] == [(step, 1.125) for step in range(1, 5)]
+    assert lines["generation (inside gen, or overlapped)"] == [(step, 0.5) for step in range(1, 5)]
+    assert "wait_prev_gen" not in " ".join(lines)
+
+
 def test_plot_run_skips_plots_whose_metrics_are_absent(tmp_path):
     records = [{"step": step, "wall_time_s": float(step), "critic/score/mean": 0.1 * step} for step in range(4)]
     write_metrics(tmp_path, records)
