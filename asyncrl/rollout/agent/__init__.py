@@ -1,0 +1,20 @@
+"""Multi-turn agentic rollouts (docs/agents.md): token-exact trajectories, tool-call parsers, the turn loop.
+
+    parser.py       TOOL_CALL_PARSERS (rollout.multi_turn.format): model text -> ParsedTurn (calls, errors)
+    trajectory.py   Trajectory: the append-only token log (ids, loss mask, log-probs, versions, turns)
+"""
+
+from asyncrl.rollout.agent.parser import TOOL_CALL_PARSERS, ParsedTurn, ToolCall, ToolCallParserSpec, get_parser
+from asyncrl.rollout.agent.trajectory import MODEL_TOKEN, TOOL_TOKEN, ToolCallRecord, Trajectory
+
+__all__ = [
+    "MODEL_TOKEN",
+    "TOOL_CALL_PARSERS",
+    "TOOL_TOKEN",
+    "ParsedTurn",
+    "ToolCall",
+    "ToolCallParserSpec",
+    "ToolCallRecord",
+    "Trajectory",
+    "get_parser",
+]
