@@ -5,6 +5,11 @@ returned (tokens, log-probs, per-token versions, finish reason), and, once score
 function's `score` plus the `overlong_penalty` of reward shaping. An estimator that compares each response with
 the prompt's greedy one (remax) finds that response in `greedy`, shared by the group, and its reward in
 `baseline_score`. `samples_to_batch` packs samples into the padded `TrainBatch` the trainer consumes.
+
+A multi-turn sample also holds its `trajectory` (`asyncrl.rollout.agent.Trajectory`): its `result` is the
+trajectory as one response (model turns and tool results in order), and the trajectory's loss mask zeroes
+the tool tokens in the batch's `response_mask`, so no loss, advantage, KL or entropy term sees them; the
+reward sits on the last model token.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch
 
 from asyncrl.data.records import TokenizedPrompt
 from asyncrl.engine import GenerationResult
+from asyncrl.rollout.agent import Trajectory
 from asyncrl.train.batch import TrainBatch
 
 
@@ -32,6 +38,7 @@ class Sample:
     overlong_penalty: float = 0.0      # <= 0: DAPO's overlong shaping (reward.overlong_buffer), added to the score
     greedy: Optional[GenerationResult] = None   # the prompt's greedy response, when the estimator needs a baseline
     baseline_score: Optional[float] = None      # the greedy response's reward, scored and shaped like this one
+    trajectory: Optional[Trajectory] = None     # multi-turn: the token log `result` was made from
 
     @property
     def reward(self) -> float:
@@ -48,14 +55,28 @@ class Sample:
     def num_response_tokens(self) -> int:
         return self.result.num_response_tokens
 
+    @property
+    def loss_mask(self) -> np.ndarray:
+        """(R,) 1 on response tokens that train: all of a single-turn response, the model's tokens of a
+        trajectory."""
+        if self.trajectory is None:
+            return np.ones(self.num_response_tokens, dtype=np.int8)
+        return self.trajectory.loss_mask
+
+    @property
+    def last_trained_index(self) -> int:
+        """Index of the response token the reward sits on: the last one that trains (-1 if none)."""
+        trained = np.flatnonzero(self.loss_mask)
+        return int(trained[-1]) if trained.size else -1
+
     def with_reward(self, score: float, extra: dict[str, float], error: Optional[str]) -> "Sample":
         return replace(self, score=score, reward_extra=extra, reward_error=error)
 
 
 def samples_to_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
-    """Pack samples (in order) into a TrainBatch with rollout log-probs, versions and, if scored,
-    token-level scores (the reward sits on the last response token) and, if every sample has one, the
-    greedy baselines (B,)."""
+    """Pack samples (in order) into a TrainBatch with rollout log-probs, versions, the response mask (0 on a
+    trajectory's tool tokens) and, if scored, token-level scores (the reward sits on the last trained token)
+    and, if every sample has one, the greedy baselines (B,)."""
     batch = TrainBatch.from_sequences([sample.result.prompt_ids.tolist() for sample in samples],
                                       [sample.result.response_ids.tolist() for sample in samples],
                                       [sample.group_index for sample in samples], pad_id)
@@ -67,11 +88,16 @@ def samples_to_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
         log_probs[row, :length] = sample.result.response_log_probs
         versions[row, :length] = sample.result.response_versions
     batch = batch.replace(rollout_log_probs=torch.from_numpy(log_probs), versions=torch.from_numpy(versions))
+    if any(sample.trajectory is not None for sample in samples):
+        mask = batch.response_mask.clone()
+        for row, sample in enumerate(samples):
+            mask[row, :sample.num_response_tokens] = torch.from_numpy(sample.loss_mask.astype(np.float32))
+        batch = batch.replace(response_mask=mask)
     if all(sample.score is not None for sample in samples):
         scores = torch.zeros(len(samples), width)
         for row, sample in enumerate(samples):
-            if sample.num_response_tokens:
-                scores[row, sample.num_response_tokens - 1] = sample.reward
+            if sample.last_trained_index >= 0:
+                scores[row, sample.last_trained_index] = sample.reward
         batch = batch.replace(token_level_scores=scores)
     if samples and all(sample.baseline_score is not None for sample in samples):
         batch = batch.replace(reward_baselines=torch.tensor([sample.baseline_score for sample in samples]))
