@@ -22,8 +22,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("algos", "telemetry", "remote"),    # pure tensor functions; metrics and traces; named waits on Ray actors
     ("config",),                          # reads the algorithm registries for validation
     ("models", "data"),
-    ("rewards", "engine"),
-    ("train",),
+    ("engine",),
+    ("rewards", "train"),                 # a generative judge runs on the engine
     ("rollout",),                         # backends: the engine, Ray replicas, weight sync
     ("core",),                            # the PPO stages over a trainer group and a rollout backend
     ("recipes",),
