@@ -42,8 +42,8 @@ class AdvantageEstimatorSpec(Entry):
 
     needs_critic: bool = column("needs a critic", False)  # reads ``values`` (B, T)
     needs_groups: bool = column("compares a prompt's responses (rollout.n >= 2)", False)
-    # Reads ``reward_baselines``, the score of a greedy response per prompt, which the stages do not generate yet.
-    needs_greedy_baseline: bool = column("needs a greedy response per prompt (refused: not generated yet)", False)
+    # Reads ``reward_baselines``, the reward of a greedy response per prompt, which generation then adds in every mode.
+    needs_greedy_baseline: bool = column("needs a greedy response per prompt (generated beside the group)", False)
 
 
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimatorSpec] = Registry("advantage estimator", AdvantageEstimatorSpec)

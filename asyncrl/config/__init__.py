@@ -3,7 +3,7 @@
 
 from asyncrl.config.environment import check_environment
 from asyncrl.config.errors import ConfigError
-from asyncrl.config.invariants import needs_critic, needs_reference, prompts_per_step
+from asyncrl.config.invariants import needs_critic, needs_greedy_baseline, needs_reference, prompts_per_step
 from asyncrl.config.loader import dump_config, load_config
 from asyncrl.config.schema import (ActorConfig, AlgorithmConfig, AsyncRLConfig, AsyncTrainingConfig, CriticConfig,
                                    DataConfig, ModelConfig, RolloutConfig, RolloutCorrectionConfig, TrainerConfig)
@@ -11,5 +11,5 @@ from asyncrl.config.schema import (ActorConfig, AlgorithmConfig, AsyncRLConfig, 
 __all__ = [
     "ActorConfig", "AlgorithmConfig", "AsyncRLConfig", "AsyncTrainingConfig", "ConfigError", "CriticConfig",
     "DataConfig", "ModelConfig", "RolloutConfig", "RolloutCorrectionConfig", "TrainerConfig", "check_environment",
-    "dump_config", "load_config", "needs_critic", "needs_reference", "prompts_per_step",
+    "dump_config", "load_config", "needs_critic", "needs_greedy_baseline", "needs_reference", "prompts_per_step",
 ]

@@ -106,12 +106,6 @@ def check_algorithm(config: AsyncRLConfig) -> None:
         raise ConfigError(
             f"algorithm.adv_estimator={name} compares responses within a group and needs rollout.n >= 2, got "
             f"rollout.n={config.rollout.n}")
-    if estimator.needs_greedy_baseline:
-        # The estimator exists in asyncrl.algos; the stages would need a greedy generation per prompt first.
-        usable = [spec.name for spec in ADVANTAGE_ESTIMATORS.specs() if not spec.needs_greedy_baseline]
-        raise ConfigError(
-            f"algorithm.adv_estimator={name} needs a greedy baseline generation per prompt, which the training "
-            f"stages do not produce yet; use one of {', '.join(usable)}")
     if estimator.needs_critic and config.critic.enable is False:
         raise ConfigError(f"algorithm.adv_estimator={name} needs a critic, but critic.enable=false")
     if algorithm.filter_groups.enable and not estimator.needs_groups:
@@ -222,6 +216,15 @@ def resolve_critic(config: AsyncRLConfig) -> None:
     own processes, where an estimator the user registered in the driver does not exist: the decision travels
     in the config instead of being looked up there."""
     config.critic.enable = needs_critic(config)
+
+
+def needs_greedy_baseline(config: AsyncRLConfig) -> bool:
+    """Whether generation adds one greedy response per prompt (remax's baseline), from the estimator's metadata.
+    A process where the estimator is not registered (a user's estimator registered in the driver only, read by
+    the fully-async rollouter) generates none; such an estimator that needs one then fails on its missing
+    reward_baselines, by name."""
+    name = config.algorithm.adv_estimator
+    return name in ADVANTAGE_ESTIMATORS and ADVANTAGE_ESTIMATORS.spec(name).needs_greedy_baseline
 
 
 def needs_reference(config: AsyncRLConfig) -> bool:

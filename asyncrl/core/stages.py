@@ -27,13 +27,15 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from asyncrl.algos import ADVANTAGE_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_kl_penalty
-from asyncrl.config import AsyncRLConfig, needs_critic, needs_reference
+from asyncrl.config import AsyncRLConfig, needs_critic, needs_greedy_baseline, needs_reference
 from asyncrl.core.advantage import rollout_correction
+from asyncrl.core.greedy_baseline import greedy_params, greedy_requests, with_greedy_results
 from asyncrl.core.lengths import LengthDistribution
 from asyncrl.core.metrics import advantage_metrics, sample_metrics
 from asyncrl.core.records import Sample, samples_to_batch
 from asyncrl.core.requests import make_requests
 from asyncrl.core.scoring import decode_response, score_samples
+from asyncrl.core.training_reward import score_for_training
 from asyncrl.core.trainer_group import TrainerGroup
 from asyncrl.core.validation import validation_metrics
 from asyncrl.data.dataset import PromptDataset
@@ -56,6 +58,7 @@ class GenerationJob:
     prompts: list[TokenizedPrompt]
     num_samples: int
     pending: PendingGeneration
+    with_greedy: bool = False   # one greedy request per prompt follows the sampled ones (remax's baseline)
 
 
 class PPOCore:
@@ -77,6 +80,7 @@ class PPOCore:
             if config.rollout.length_distribution else None
         self.use_critic = needs_critic(config)
         self.use_reference = needs_reference(config)
+        self.use_greedy_baseline = needs_greedy_baseline(config)
 
     def timed(self, metrics: dict[str, float], stage: str):
         """Time a stage into metrics and the timeline (trainer-side stages on the "trainer" row)."""
@@ -97,12 +101,19 @@ class PPOCore:
     def start_generate(self, prompts: Sequence[TokenizedPrompt], salts: str | Sequence[str],
                        validation: bool = False) -> GenerationJob:
         """Dispatch generation for `prompts` (rollout.n samples each, or val_kwargs.n) and return at once.
-        `salts` seed the requests (one per prompt, or one for all; see `make_requests`)."""
+        `salts` seed the requests (one per prompt, or one for all; see `make_requests`). When the estimator
+        needs a greedy baseline, one greedy request per prompt goes in the same dispatch (same engines, same
+        version)."""
         num_samples = self.config.rollout.val_kwargs.n if validation else self.config.rollout.n
         lengths = None if validation else self.lengths
         requests = make_requests(prompts, num_samples, self.sampling(validation), self.config.rollout.seed, salts,
                                  lengths)
-        return GenerationJob(list(prompts), num_samples, self.rollout.start_generate(requests))
+        with_greedy = self.use_greedy_baseline and not validation
+        if with_greedy:
+            salts = [salts] * len(prompts) if isinstance(salts, str) else list(salts)
+            requests += greedy_requests(prompts, salts, greedy_params(self.config.data.max_response_length,
+                                                                      self.config.rollout.ignore_eos))
+        return GenerationJob(list(prompts), num_samples, self.rollout.start_generate(requests), with_greedy)
 
     def finish_generate(self, job: GenerationJob, metrics: dict[str, float]) -> list[Sample]:
         """Wait for a dispatched generation. `timing_s/gen` is the time this call blocked; the generation
@@ -113,13 +124,20 @@ class PPOCore:
         started_s = job.pending.started_s
         for output in job.pending.outputs:
             self.timeline.add_span(output.name, "generate", started_s, started_s + output.seconds)
-        num_samples = job.num_samples
-        return [Sample(job.prompts[index // num_samples], index // num_samples, index % num_samples, result)
-                for index, result in enumerate(results)]
+        num_samples, num_sampled = job.num_samples, len(job.prompts) * job.num_samples
+        samples = [Sample(job.prompts[index // num_samples], index // num_samples, index % num_samples, result)
+                   for index, result in enumerate(results[:num_sampled])]
+        return with_greedy_results(samples, results[num_sampled:]) if job.with_greedy else samples
 
-    def compute_reward(self, samples: Sequence[Sample], metrics: dict[str, float]) -> list[Sample]:
+    def compute_reward(self, samples: Sequence[Sample], metrics: dict[str, float],
+                       validation: bool = False) -> list[Sample]:
+        """Score samples. Training samples are also shaped (`reward.overlong_buffer`) and their greedy baselines
+        scored (`core.training_reward`); validation scores are the reward function's alone."""
         with self.timed(metrics, "reward"):
-            scored, reward_metrics = score_samples(samples, self.reward, self.tokenizer)
+            if validation:
+                scored, reward_metrics = score_samples(samples, self.reward, self.tokenizer)
+            else:
+                scored, reward_metrics = score_for_training(samples, self.reward, self.tokenizer, self.config)
         metrics.update(reward_metrics)
         failed = [sample for sample in scored if sample.reward_error is not None]
         if failed:
@@ -230,7 +248,7 @@ class PPOCore:
         with self.timed(metrics, "validate"):
             for start in range(0, len(dataset), size):
                 prompts = dataset.prompts[start:start + size]
-                samples += self.compute_reward(self.generate(prompts, "val", {}, validation=True), {})
+                samples += self.compute_reward(self.generate(prompts, "val", {}, validation=True), {}, validation=True)
         metrics.update(validation_metrics(samples, self.config.rollout.val_kwargs.n))
         return samples
 

@@ -65,9 +65,6 @@ def test_wrong_type_or_range_names_key_and_value(override, message):
     (["algorithm.adv_estimator=grpp"],
      r"algorithm\.adv_estimator: unknown advantage estimator 'grpp'; did you mean 'grpo'\? valid names: gae, grpo"),
     (["algorithm.adv_estimator=ppo2"], r"algorithm\.adv_estimator: unknown advantage estimator 'ppo2'; did you mean "),
-    (["algorithm.adv_estimator=remax"],
-     r"adv_estimator=remax needs a greedy baseline generation per prompt, which the training stages do not "
-     r"produce yet; use one of gae, grpo"),
     (["actor.kl_loss_type=k7"], r"actor\.kl_loss_type: unknown KL estimator 'k7'; did you mean 'kl'\?"),
     (["algorithm.kl_penalty=low_var_kl++"], r"algorithm\.kl_penalty: unknown KL estimator 'low_var_kl\+\+'; "
                                             r"did you mean 'low_var_kl\+'\?"),
