@@ -43,8 +43,8 @@ class TrainerGroup:
         method = (lambda actor: actor.compute_log_prob_snapshot) if use_snapshot else \
             (lambda actor: actor.compute_log_prob)
         results, layout = self.per_row(batch, "compute_log_prob", method)
-        log_probs = gather_rows([torch.from_numpy(log_prob) for log_prob, _ in results], layout, batch.num_rows)
-        entropy = gather_rows([torch.from_numpy(entropy) for _, entropy in results], layout, batch.num_rows)
+        log_probs = gather_rows([tensor_of(log_prob) for log_prob, _ in results], layout, batch.num_rows)
+        entropy = gather_rows([tensor_of(entropy) for _, entropy in results], layout, batch.num_rows)
         return log_probs, entropy
 
     def snapshot_policy(self) -> None:
@@ -52,11 +52,11 @@ class TrainerGroup:
 
     def compute_ref_log_prob(self, batch: TrainBatch) -> Tensor:
         results, layout = self.per_row(batch, "compute_ref_log_prob", lambda actor: actor.compute_ref_log_prob)
-        return gather_rows([torch.from_numpy(result) for result in results], layout, batch.num_rows)
+        return gather_rows([tensor_of(result) for result in results], layout, batch.num_rows)
 
     def compute_values(self, batch: TrainBatch) -> Tensor:
         results, layout = self.per_row(batch, "compute_values", lambda actor: actor.compute_values)
-        return gather_rows([torch.from_numpy(result) for result in results], layout, batch.num_rows)
+        return gather_rows([tensor_of(result) for result in results], layout, batch.num_rows)
 
     def update_actor(self, batch: TrainBatch, spec: PolicyUpdateSpec) -> dict[str, float]:
         shards, _ = shard_batch(batch, self.world_size, spec.num_mini_batches)
@@ -79,3 +79,9 @@ class TrainerGroup:
 
     def policy_state(self) -> dict[str, np.ndarray]:
         return self.wait([actor.policy_state.remote() for actor in self.actors], "policy_state")[0]
+
+
+def tensor_of(array: np.ndarray) -> Tensor:
+    """A tensor of a rank's result. Arrays Ray hands back from its object store are read-only views, and a
+    tensor must own writable memory (torch warns otherwise): those are copied, the others shared."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
