@@ -5,12 +5,18 @@
     checkpoints/latest                "step_12", written last
 
 A checkpoint is built in `step_12.tmp/` and renamed when complete, so a crash mid-write never leaves a
-folder that looks finished; `latest` is updated after the rename. Loading skips (with a message)
-a folder without `driver.json` and falls back to the previous one.
+folder that looks finished; `latest` is updated after the rename. `driver.json` lists every other file with
+its size and SHA-256; loading skips (with a message naming the file) a folder whose files do not match it (a
+file missing, truncated, altered, or one it does not list) and falls back to the newest good one.
+
+Hashing reads every byte once, streamed in 4 MiB pieces, at 0.4 GB/s (a core without SHA instructions) to
+~2 GB/s (with them): a 0.5B-parameter actor with fp32 AdamW state (~6 GB per checkpoint) costs 3-15 s at save
+and again at resume.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -22,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 DRIVER_FILE = "driver.json"
 LATEST_FILE = "latest"
+HASH_CHUNK_BYTES = 4 << 20
 
 
 class CheckpointManager:
@@ -39,9 +46,10 @@ class CheckpointManager:
         save_trainer(str(staging / "trainer"))
         for name, payload in (artifacts or {}).items():
             (staging / name).write_bytes(payload)
-        # The manifest (every file and its size) lets a later run detect a truncated or partial checkpoint.
-        manifest = {str(path.relative_to(staging)): path.stat().st_size for path in sorted(staging.rglob("*"))
-                    if path.is_file()}
+        # The manifest (every file, its size and content hash) lets a later run detect a truncated, altered or
+        # planted file.
+        manifest = {str(path.relative_to(staging)): {"size": path.stat().st_size, "sha256": file_sha256(path)}
+                    for path in sorted(staging.rglob("*")) if path.is_file()}
         (staging / DRIVER_FILE).write_text(json.dumps({**driver_state, "manifest": manifest}, indent=1,
                                                       sort_keys=True))
         shutil.rmtree(final, ignore_errors=True)
@@ -67,8 +75,8 @@ class CheckpointManager:
             shutil.rmtree(folder, ignore_errors=True)
 
     def find_resumable(self) -> Optional[Path]:
-        """The newest intact checkpoint; a broken one (unreadable driver state, a file missing or of the
-        wrong size) is reported and skipped, and the one before it is used."""
+        """The newest intact checkpoint; a broken one (unreadable driver state, a file missing, altered or not
+        listed) is reported and skipped, and the one before it is used."""
         for folder in reversed(self.complete_checkpoints()):
             problem = self.check(folder)
             if problem is None:
@@ -78,19 +86,37 @@ class CheckpointManager:
 
     @staticmethod
     def check(folder: Path) -> Optional[str]:
-        """What is wrong with a checkpoint folder, or None when it is intact."""
+        """What is wrong with a checkpoint folder, or None when it is intact: sizes first (cheap), then every
+        file's SHA-256, then files the manifest does not list (nothing but the run writes into a checkpoint)."""
         try:
-            state = json.loads((folder / DRIVER_FILE).read_text())
-        except (OSError, ValueError) as error:
-            return f"unreadable {DRIVER_FILE} ({error})"
-        for name, size in state["manifest"].items():
+            manifest = json.loads((folder / DRIVER_FILE).read_text())["manifest"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            return f"unreadable {DRIVER_FILE} ({error!r})"
+        if not isinstance(manifest, dict) or not all(isinstance(entry, dict) for entry in manifest.values()):
+            return f"{DRIVER_FILE} has no content hashes (written by an older asyncrl, whose checkpoints held pickles)"
+        for name, entry in manifest.items():
             path = folder / name
             if not path.is_file():
                 return f"{name} is missing"
-            if path.stat().st_size != size:
-                return f"{name} has {path.stat().st_size} bytes, {size} were written (truncated?)"
+            if path.stat().st_size != entry["size"]:
+                return f"{name} has {path.stat().st_size} bytes, {entry['size']} were written (truncated?)"
+        for name, entry in manifest.items():
+            if file_sha256(folder / name) != entry["sha256"]:
+                return f"{name} does not match its SHA-256 in {DRIVER_FILE} (altered or corrupted on disk)"
+        unlisted = sorted(str(path.relative_to(folder)) for path in folder.rglob("*")
+                          if path.is_file() and path.name != DRIVER_FILE and str(path.relative_to(folder)) not in manifest)
+        if unlisted:
+            return f"{unlisted[0]} was not written with the checkpoint (not in {DRIVER_FILE}'s manifest)"
         return None
 
     @staticmethod
     def read_driver_state(folder: Path) -> dict[str, Any]:
         return json.loads((folder / DRIVER_FILE).read_text())
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -18,7 +18,6 @@ last synced version: a host snapshot of the weights taken at the first local ste
 from __future__ import annotations
 
 import dataclasses
-import pickle
 import time
 from typing import Any, Optional
 
@@ -28,14 +27,14 @@ from asyncrl.config import AsyncRLConfig, prompts_per_step
 from asyncrl.core import Runtime
 from asyncrl.core.records import Sample
 from asyncrl.data.dataset import PromptDataset
-from asyncrl.recipes.fully_async.metrics import sample_version_metrics
+from asyncrl.recipes.fully_async.metrics import VersionMetrics, sample_version_metrics
 from asyncrl.recipes.fully_async.rollouter import RolloutActor
+from asyncrl.recipes.fully_async.state_codec import encode_state, load_state
 from asyncrl.recipes.training_loop import TrainingLoop
 from asyncrl.remote import RemoteCallError, wait_for
 from asyncrl.rollout import HostedRollout, RolloutBackend, RolloutBackendSpec, RolloutContext
 from asyncrl.rollout.weight_group import sync_deadline_s
 
-STATE_FILE = "fully_async_state.pkl"
 POLL_S = 2.0  # how often a waiting trainer checks for dead replicas and stalls
 
 
@@ -65,6 +64,7 @@ class FullyAsyncRecipe:
         # version's budget and checkpointed at the head of the queue, as if they had never left it.
         self.prefetch: Any = None
         self.held: list[list[Sample]] = []
+        self.version_metrics = VersionMetrics(runtime.output_dir / "metrics_by_version.jsonl")
 
     # ---- StepRecipe -----------------------------------------------------------------------------------
     @staticmethod
@@ -145,6 +145,7 @@ class FullyAsyncRecipe:
         self.local_step += 1
         self.core.train(samples, step, metrics, anchor="last_sync")
         self.record_samples(samples, metrics)
+        self.version_metrics.add(step, metrics)
         return metrics, samples
 
     def record_samples(self, samples: list[Sample], metrics: dict[str, float]) -> None:
@@ -169,6 +170,7 @@ class FullyAsyncRecipe:
         rollouter_metrics, busy_spans = wait_for(self.rollouter.resume.remote(self.core.version, len(self.held)),
                                                  "fully_async/rollouter", "resume", self.timeout_s)
         metrics.update(rollouter_metrics)
+        self.version_metrics.close(self.core.version, rollouter_metrics)
         for start_s, end_s in busy_spans:
             self.runtime.timeline.add_span("rollouter", "generate", start_s, end_s)
 
@@ -190,6 +192,8 @@ class FullyAsyncRecipe:
         self.pause_rollouter({})
         if self.core.updates_since_sync:
             self.core.sync_weights({})
+        self.version_metrics.close(self.core.version, wait_for(self.rollouter.final_report.remote(),
+                                                               "fully_async/rollouter", "final_report", self.timeout_s))
 
     def save_final_checkpoint(self) -> None:
         self.save_checkpoint()
@@ -205,17 +209,17 @@ class FullyAsyncRecipe:
         snapshot = wait_for(self.rollouter.snapshot.remote(), "fully_async/rollouter", "snapshot", self.timeout_s)
         # The driver state records the rollouter's cursor.
         self.loop.sampler.load_state_dict(snapshot["rollouter"]["sampler"])
-        artifact = pickle.dumps({"rollouter": snapshot["rollouter"], "queue": self.held + snapshot["queue"],
-                                 "local_step": self.local_step,
-                                 "stale_samples": self.stale_samples,
-                                 "trained_prompt_keys": sorted(self.trained_prompt_keys)})
-        self.loop.save(extra={"trained_prompts": len(self.trained_prompt_keys)}, artifacts={STATE_FILE: artifact})
+        artifacts = encode_state({"rollouter": snapshot["rollouter"], "queue": self.held + snapshot["queue"],
+                                  "local_step": self.local_step,
+                                  "stale_samples": self.stale_samples,
+                                  "trained_prompt_keys": sorted(self.trained_prompt_keys)})
+        self.loop.save(extra={"trained_prompts": len(self.trained_prompt_keys)}, artifacts=artifacts)
 
     def load_saved_state(self) -> Optional[dict[str, Any]]:
         folder = self.loop.resumed_from
-        if folder is None or not (folder / STATE_FILE).is_file():
+        saved = None if folder is None else load_state(folder)
+        if saved is None:
             return None
-        saved = pickle.loads((folder / STATE_FILE).read_bytes())
         self.local_step = saved["local_step"]
         self.stale_samples = saved["stale_samples"]
         self.trained_prompt_keys = set(saved["trained_prompt_keys"])
