@@ -1,0 +1,57 @@
+"""The code interpreter tool: runs the model's Python in the sandbox (`sandbox.py`) and returns what it printed.
+
+    {"name": "python", "arguments": {"code": "print(sum(range(10)))"}}   ->   "45\\n"
+
+Config keys (the tool's `config` in the tool YAML): wall_s, cpu_s, memory_mb, file_size_mb, max_processes,
+max_output_bytes (`SandboxLimits`). A run that fails, is killed or prints too much raises a ToolError whose
+message (the end of its stderr, or which limit stopped it) is what the model reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncrl.rollout.tools.base import CallContext, Tool, ToolError, ToolTimeout, TOOLS, function_schema
+from asyncrl.rollout.tools.sandbox import SandboxLimits, run_python
+
+STDERR_TAIL_CHARS = 600
+
+
+class PythonTool(Tool):
+    def __init__(self, name: str, config: dict[str, Any], schema: dict[str, Any], timeout_s: float | None):
+        self.name, self.schema = name, schema
+        try:
+            self.limits = SandboxLimits(**config)
+        except TypeError:
+            raise ValueError(f"python tool: unknown config keys among {sorted(config)}; valid: "
+                             f"{sorted(SandboxLimits.__dataclass_fields__)}, timeout_s, latency") from None
+        # The executor's limit sits above the sandbox's own, which stops the process first.
+        self.timeout_s = timeout_s if timeout_s is not None else self.limits.wall_s + 5.0
+
+    async def call(self, arguments: dict[str, Any], context: CallContext) -> str:
+        code = arguments.get("code")
+        if not isinstance(code, str) or set(arguments) != {"code"}:
+            raise ToolError(f"{self.name} takes one string argument, 'code'; got {sorted(arguments)}")
+        run = await run_python(code, self.limits)
+        if run.timed_out:
+            raise ToolTimeout(f"the code ran past {self.limits.wall_s:g} s and was stopped")
+        if run.output_truncated:
+            raise ToolError(f"the code printed more than {self.limits.max_output_bytes} bytes and was stopped; "
+                            f"its output began: {run.stdout[:200]!r}")
+        if run.exit_code < 0:
+            raise ToolError(f"the code was killed by signal {-run.exit_code} (a CPU-time or memory limit)"
+                            + tail(run.stderr))
+        if run.exit_code != 0:
+            raise ToolError(f"the code failed (exit code {run.exit_code})" + tail(run.stderr))
+        return run.stdout
+
+
+def tail(stderr: str) -> str:
+    return f": {stderr[-STDERR_TAIL_CHARS:].strip()}" if stderr.strip() else ""
+
+
+TOOLS.add("python", PythonTool, runs="in a sandboxed subprocess",
+          schema=function_schema("python", "run Python code and return what it prints",
+                                 {"code": "the program; print the result"}),
+          summary="a Python interpreter in a sandboxed subprocess (wall, CPU, memory, output, process limits; "
+                  "no network; its own directory)")
