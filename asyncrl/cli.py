@@ -6,6 +6,7 @@
     asyncrl config show [CONFIG.yaml] [key=value ...]
     asyncrl data make arithmetic --out DIR [--train-size N --val-size M --seed S --set knob=value]
     asyncrl bench {engine,trainer,sync,modes} ... prints a table, writes JSON under outputs/bench/
+    asyncrl serve MODEL_DIR [--host H --port P --api-key K]   an OpenAI-compatible server (docs/serving.md)
 
 Errors in the user's input (config, data, reward function) print one line and exit with status 2.
 """
@@ -20,6 +21,7 @@ from asyncrl.config import ConfigError, dump_config, load_config
 from asyncrl.data.reader import DatasetError
 from asyncrl.recipes.errors import IncompatibleCheckpointError
 from asyncrl.rewards.loader import RewardLoadError
+from asyncrl.serving.options import add_serve_arguments
 
 USER_ERRORS = (ConfigError, DatasetError, RewardLoadError, IncompatibleCheckpointError)
 # Failures of a running job, reported as one line (matched by name: their modules import Ray and torch).
@@ -92,6 +94,11 @@ def command_sft(options: argparse.Namespace) -> int:
     return 0
 
 
+def command_serve(options: argparse.Namespace) -> int:
+    from asyncrl.serving.cli import serve
+    return serve(options)
+
+
 BENCHMARKS = {"engine": "asyncrl.bench.engine", "trainer": "asyncrl.bench.trainer", "sync": "asyncrl.bench.sync",
               "modes": "asyncrl.bench.modes"}
 
@@ -135,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("what", choices=sorted(BENCHMARKS))
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
     bench.set_defaults(run=command_bench)
+
+    serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine (docs/serving.md)")
+    add_serve_arguments(serve)
+    serve.set_defaults(run=command_serve)
 
     config = commands.add_parser("config", help="inspect configs")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")

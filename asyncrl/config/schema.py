@@ -113,6 +113,32 @@ class MultiTurnConfig:
 
 
 @dataclass
+class ExternalRolloutConfig:
+    urls: list[str] = option([], "base URLs of the OpenAI-compatible servers rollout.backend=external generates on, "
+                                 "e.g. [http://127.0.0.1:8001, http://127.0.0.1:8002] (asyncrl serve; "
+                                 "docs/external-servers.md maps vLLM and SGLang)")
+    api_key_env: str = option("ASYNCRL_API_KEY", "environment variable holding the servers' API key (sent as a "
+                                                 "Bearer token; unset or empty = none), so the key never lands in "
+                                                 "the run's config.yaml")
+    timeout_s: float = option(300.0, "limit on one HTTP call to a server (a completion, a health probe); past it "
+                                     "the server leaves the rotation and its requests go to another",
+                              gt=0.0, le=MAX_WAIT_S)
+    max_retries: int = option(2, "times one request is sent again, to another server, after its server failed "
+                                 "(connection lost, timeout, 5xx); past them the step fails naming the servers",
+                              ge=0)
+    health_interval_s: float = option(10.0, "a server not heard from for this long is probed (GET /health) before "
+                                            "it gets requests; one that does not answer leaves the rotation until "
+                                            "a weight sync reloads it", gt=0.0, le=MAX_WAIT_S)
+    reload_endpoint: str = option("/update_weights_from_disk", "POST route that reloads weights from an HF folder, "
+                                  "body {model_path, weight_version} (asyncrl serve and SGLang's name)")
+    weights_dir: str = option("", "folder the policy is written to for the servers to reload (they must read it: "
+                                  "same machine or a shared file system); empty = <trainer.output_dir>/"
+                                  "external_weights")
+    verify_weights: bool = option(False, "after every reload compare each server's GET /weights_checksum (asyncrl "
+                                         "serve) with the written folder's, and fail on a difference")
+
+
+@dataclass
 class RolloutConfig:
     n: int = option(4, "responses sampled per prompt (the group size of GRPO-family estimators)", gt=0)
     temperature: float = option(1.0, "sampling temperature; the trainer's log-probs use the same", gt=0.0)
@@ -146,13 +172,16 @@ class RolloutConfig:
     backend: str = option(
         "auto", "rollout backend, a name registered in asyncrl.rollout.ROLLOUT_BACKENDS (verl: rollout.name): "
                 "colocated = an engine inside each trainer rank, ray_replicas = Ray replica actors on devices of "
-                "their own; auto = colocated in trainer.mode=sync, ray_replicas otherwise")
+                "their own, external = OpenAI-compatible HTTP servers (rollout.external); auto = colocated in "
+                "trainer.mode=sync, ray_replicas otherwise")
     n_gpus_per_node: int = option(1, "rollout devices per node in separated modes (CPU slots on CPU)", gt=0)
     max_replica_restarts: int = option(3, "times Ray restarts a rollout replica that died (fully_async then "
                                           "re-syncs its weights and re-queues its requests)", ge=0)
     nnodes: int = option(1, "rollout nodes in separated modes", gt=0)
     val_kwargs: ValSamplingConfig = section(ValSamplingConfig, "sampling used for validation")
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn agentic rollouts with tools")
+    external: ExternalRolloutConfig = section(ExternalRolloutConfig, "OpenAI-compatible servers as rollout workers "
+                                                                     "(rollout.backend=external)")
 
 
 @dataclass

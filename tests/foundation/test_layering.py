@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine",),
     ("rewards", "train"),                 # a generative judge runs on the engine
     ("rollout",),                         # backends: the engine, Ray replicas, weight sync
+    ("serving",),                         # `asyncrl serve` over the engine; recording endpoints sit on it
     ("core",),                            # the PPO stages over a trainer group and a rollout backend
     ("recipes",),
     ("launch",),                          # the composition root
@@ -186,6 +187,6 @@ def test_the_checks_catch_a_planted_upward_import_and_a_cycle(tmp_path):
     (copy / "engine" / "scheduler.py").write_text("from asyncrl.engine.kernels import cuda_graph\n" +
                                                  (copy / "engine" / "scheduler.py").read_text())
     planted = import_graph(copy)
-    assert "asyncrl.algos (layer 0) imports asyncrl.cli (layer 10)" in upward_imports(planted)
+    assert "asyncrl.algos (layer 0) imports asyncrl.cli (layer 11)" in upward_imports(planted)
     assert any("asyncrl.algos" in component and "asyncrl.cli" in component for component in cycles(planted))
     assert "asyncrl.engine.scheduler imports asyncrl.engine.kernels.cuda_graph" in fast_room_leaks(planted)
