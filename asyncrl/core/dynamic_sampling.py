@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from asyncrl.config import AsyncRLConfig
+from asyncrl.config import AsyncRLConfig, prompts_per_step
 from asyncrl.core.records import Sample
 
 
@@ -140,3 +140,35 @@ def filter_metrics(num_gen_batches: int, num_generated: int, num_filtered: int, 
             "filter/num_trained_groups": float(num_trained),
             "filter/num_surplus_groups": float(num_generated - num_filtered - num_trained),
             "filter/kept_ratio": (num_generated - num_filtered) / max(num_generated, 1)}
+
+
+@dataclass
+class FilterWindow:
+    """Dynamic sampling's cap on a stream of groups (the fully-async rollouter), in verl's unit: a window closes
+    once it kept the groups of one step (R); `max_num_gen_batches` x R groups scored in one window without
+    that stops the run (`DynamicSamplingError`)."""
+    enabled: bool
+    metric: str
+    num_groups: int                 # R: the groups of one fully_async step
+    max_num_gen_batches: int        # 0 = no limit
+    num_generated: int = 0
+    num_kept: int = 0
+
+    @classmethod
+    def from_config(cls, config: AsyncRLConfig) -> "FilterWindow":
+        settings = config.algorithm.filter_groups
+        return cls(settings.enable, settings.metric, prompts_per_step(config), settings.max_num_gen_batches)
+
+    def count(self, is_kept: bool) -> None:
+        """One more scored group (kept or filtered)."""
+        self.num_generated += 1
+        self.num_kept += is_kept
+        if self.num_kept >= self.num_groups:
+            self.num_generated = self.num_kept = 0
+        elif 0 < self.max_num_gen_batches and self.num_generated >= self.max_num_gen_batches * self.num_groups:
+            raise DynamicSamplingError(
+                f"dynamic sampling scored {self.num_generated} groups ({self.max_num_gen_batches} batches of "
+                f"{self.num_groups}, algorithm.filter_groups.max_num_gen_batches={self.max_num_gen_batches}) and "
+                f"kept {self.num_kept} of the {self.num_groups} a step needs: the others got the same "
+                f"{self.metric} for every response. The data is too easy or too hard for the policy; raise "
+                f"max_num_gen_batches (0 = no limit) or change the data")

@@ -92,3 +92,50 @@ def test_from_config_takes_r_as_mini_batch_times_require_batches():
     budget = StalenessBudget.from_config(config)
     assert (budget.prompts_per_step, budget.steps_per_sync, budget.staleness_threshold) == (8, 3, 0.5)
     assert budget.max_per_version == 36 and budget.charged == 0
+
+
+def filtering_pipeline(budget: StalenessBudget, num_versions: int, filtered_every: int,
+                       release: bool) -> tuple[list[int], list[int]]:
+    """As `worst_case_pipeline`, with dynamic sampling: every `filtered_every`-th admitted prompt but one is
+    filtered after scoring (released from the budget when `release`), the others are kept and trained. Returns
+    the prompts trained per version and every trained prompt's staleness."""
+    outstanding: deque[int] = deque()
+    trained_per_version, stalenesses, serial = [], [], 0
+    for version in range(num_versions):
+        if version:
+            budget.on_sync(len(outstanding))
+        while budget.can_admit():
+            budget.admit()
+            serial += 1
+            if serial % filtered_every:   # filtered once scored
+                if release:
+                    budget.release()
+            else:
+                outstanding.append(version)
+        trained = min(budget.steps_per_sync * budget.prompts_per_step, len(outstanding))
+        for _ in range(trained):
+            stalenesses.append(version - outstanding.popleft())
+        trained_per_version.append(trained)
+    return trained_per_version, stalenesses
+
+
+@pytest.mark.parametrize(("prompts_per_step", "steps_per_sync", "threshold", "expected_max", "expected_staleness"),
+                         BUDGETS, ids=BUDGET_IDS)
+def test_filtered_groups_leave_the_budget_so_every_version_fills_within_the_bound(
+        prompts_per_step, steps_per_sync, threshold, expected_max, expected_staleness):
+    """3 of 4 prompts filtered: far above s / (1 + s), so without the release a version cannot fill its K steps."""
+    trained, stalenesses = filtering_pipeline(StalenessBudget(prompts_per_step, steps_per_sync, threshold), 12, 4,
+                                              release=True)
+    assert trained == [steps_per_sync * prompts_per_step] * 12
+    assert max(stalenesses) <= expected_staleness
+    starved, _ = filtering_pipeline(StalenessBudget(prompts_per_step, steps_per_sync, threshold), 12, 4,
+                                    release=False)
+    assert starved[0] < steps_per_sync * prompts_per_step
+
+
+def test_a_release_without_a_charge_is_a_bug():
+    budget = StalenessBudget(4, 1, 0.0)
+    budget.admit()
+    budget.release()
+    with pytest.raises(RuntimeError, match="released below zero"):
+        budget.release()

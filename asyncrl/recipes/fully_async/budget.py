@@ -7,6 +7,14 @@ queued) is charged to the new version's budget, so outstanding work never exceed
 consumes K x R prompts per version, in oldest-first order, a prompt is trained at most ceil(s) versions
 after the one that started it (s = 0 with K = 1 is the on-policy pipeline: staleness 0). Nothing is
 ever dropped: a sample that finishes is trained, however long or old it is.
+
+Dynamic sampling (`algorithm.filter_groups`) drops the groups whose rewards do not vary, after scoring. Such a
+group is released from the budget (`release`): it will never be trained, so it is no part of the outstanding
+work the bound is about, and keeping its charge would starve admission (a version that filters more than
+s / (1 + s) of its prompts could never fill its K steps, and the pipeline would stop). So M bounds the prompts
+of a version that are outstanding or trained, and a version may admit more than M prompts in all, the surplus
+being exactly the filtered ones (`fully_async/rollouter/admitted_in_version` counts them all). The staleness
+bound above holds unchanged for every trained sample.
 """
 
 from __future__ import annotations
@@ -45,6 +53,12 @@ class StalenessBudget:
 
     def admit(self) -> None:
         self.charged += 1
+
+    def release(self) -> None:
+        """A prompt charged to this version will never be trained (dynamic sampling filtered its group)."""
+        if self.charged <= 0:
+            raise RuntimeError("staleness budget released below zero: a filtered group was released twice")
+        self.charged -= 1
 
     def on_sync(self, outstanding: int) -> None:
         """A new version starts; what is still outstanding counts against its budget."""

@@ -1,4 +1,5 @@
-"""Version metrics of trained samples: how many were stale, and how many span several versions.
+"""Version metrics: of trained samples (how many were stale, how many span several versions), and the
+per-version records of `metrics_by_version.jsonl` (`VersionMetrics`).
 
 A sample is stale when any of its tokens was sampled by a version older than the trainer's; a sample
 spans several versions when partial rollout resumed it after a sync (`fully_async/partial/*`).
@@ -6,9 +7,14 @@ spans several versions when partial rollout resumed it after a sync (`fully_asyn
 
 from __future__ import annotations
 
-from typing import Sequence
+import json
+from pathlib import Path
+from typing import Optional, Sequence
 
 from asyncrl.core.records import Sample
+
+# Cumulative values: a version's record keeps the last step's.
+LAST_VALUE = frozenset({"param_version", "training/epoch"})
 
 
 def sample_version_metrics(samples: Sequence[Sample], trainer_version: int) -> tuple[dict[str, float], int]:
@@ -25,3 +31,67 @@ def sample_version_metrics(samples: Sequence[Sample], trainer_version: int) -> t
                "fully_async/partial/max_partial_span": float(max(spans, default=0)),
                "fully_async/count/current_param_version": float(trainer_version)}
     return metrics, num_stale
+
+
+class VersionMetrics:
+    """Per-parameter-version records beside the per-step ones: the K local steps of a sync cycle aggregated as the
+    reference system aggregates them, one JSON line per version in `metrics_by_version.jsonl`.
+
+    Rules, by metric name: the sum of `timing_s/*` and `perf/time_per_step`; the last value of the cumulative
+    counts (`fully_async/count/*`, `training/epoch`, `param_version`); else max for a name ending in `max`, min
+    for `min`, sum for `sum` / `total`, and the mean otherwise. Recomputed over the cycle: `perf/throughput`
+    (tokens / seconds), `perf/samples_per_s` and `trainer/idle_ratio` (time waiting for samples / step time).
+    Each record has `param_version` (the version the cycle's updates became), `first_step`, `last_step` and
+    `num_steps`, then the metrics of the sync that closed it (the rollouter's for the version: idle ratio,
+    admitted prompts, `filter/*` of dynamic sampling).
+
+    The step dicts are kept by reference and read when the version closes, so what the training loop adds to a
+    step's metrics after the recipe's step (timings, throughput) is included.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.steps: list[tuple[int, dict[str, float]]] = []
+
+    def add(self, step: int, metrics: dict[str, float]) -> None:
+        self.steps.append((step, metrics))
+
+    def close(self, version: int, sync_metrics: dict[str, float]) -> Optional[dict[str, float]]:
+        """Write the record of the steps since the last close (none: nothing to write) and start a new one."""
+        if not self.steps:
+            return None
+        record = {"param_version": version, "first_step": self.steps[0][0], "last_step": self.steps[-1][0],
+                  "num_steps": len(self.steps), **aggregate([metrics for _, metrics in self.steps]), **sync_metrics}
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+        self.steps = []
+        return record
+
+
+def aggregate(steps: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The reference system's per-version aggregation of step metrics (see `VersionMetrics`)."""
+    names = sorted({name for metrics in steps for name in metrics})
+    record = {}
+    for name in names:
+        values = [metrics[name] for metrics in steps if name in metrics]
+        if name.startswith("timing_s/") or name == "perf/time_per_step":
+            record[name] = sum(values)
+        elif name.startswith("fully_async/count/") or name in LAST_VALUE:
+            record[name] = values[-1]
+        elif name.endswith("max"):
+            record[name] = max(values)
+        elif name.endswith("min"):
+            record[name] = min(values)
+        elif name.endswith(("sum", "total")):
+            record[name] = sum(values)
+        else:
+            record[name] = sum(values) / len(values)
+    seconds = sum(metrics.get("perf/time_per_step", 0.0) for metrics in steps)
+    if seconds > 0:
+        tokens = sum(metrics.get("perf/throughput", 0.0) * metrics.get("perf/time_per_step", 0.0) for metrics in steps)
+        samples = sum(metrics.get("perf/samples_per_s", 0.0) * metrics.get("perf/time_per_step", 0.0)
+                      for metrics in steps)
+        record["perf/throughput"] = tokens / seconds
+        record["perf/samples_per_s"] = samples / seconds
+        record["trainer/idle_ratio"] = sum(metrics.get("timing_s/gen", 0.0) for metrics in steps) / seconds
+    return record

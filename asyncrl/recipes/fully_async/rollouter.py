@@ -4,7 +4,13 @@ It admits one prompt at a time (a group of rollout.n requests, sent to one repli
 responses share the prompt's KV blocks) while the staleness budget, the concurrency cap and the queue
 allow, scores each group as soon as its last response arrives, and puts it on the queue. Groups that
 finish while an earlier batch is being scored are scored and queued together (one reward call and one
-queue call per batch, not per group). It never drops a finished sample.
+queue call per batch, not per group). It never drops a finished sample, except the groups dynamic sampling
+filters (`algorithm.filter_groups`): a group whose rewards do not vary never reaches the queue, and its prompt
+leaves the staleness budget, so admission goes on until the trainer has its groups (see `budget.py`).
+
+Scoring is the training reward of every mode (`core.training_reward`): the reward function's score, DAPO's
+overlong penalty, and, for an estimator that needs one (remax), the reward of the prompt's greedy response,
+which is generated in the same call as the group (one more slot, `Group.greedy_slot`) and never trained on.
 
 It owns the run's rollout backend (`RolloutHost`: the composition root builds the replica set here), so one
 object holds the replicas, their health, the failover of a dead replica's requests and the weight sync; the
@@ -29,11 +35,13 @@ from typing import Any, Optional
 
 import ray
 
-from asyncrl.config import AsyncRLConfig
+from asyncrl.config import AsyncRLConfig, needs_greedy_baseline
+from asyncrl.core.dynamic_sampling import DynamicSamplingError, FilterWindow, has_signal
+from asyncrl.core.greedy_baseline import GREEDY_SUFFIX, greedy_params
 from asyncrl.core.lengths import LengthDistribution
 from asyncrl.core.records import Sample
 from asyncrl.core.requests import request_params, request_seed
-from asyncrl.core.scoring import score_samples
+from asyncrl.core.training_reward import score_for_training
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.data.records import TokenizedPrompt
 from asyncrl.data.sampler import PromptSampler
@@ -46,16 +54,28 @@ from asyncrl.rollout import RolloutHost
 
 @dataclass
 class Group:
-    """One prompt's rollout.n responses; a slot is None until its response finished (or was aborted)."""
+    """One prompt's rollout.n responses, then its greedy response when the estimator needs a baseline (the last
+    slot); a slot is None until its response finished (or was aborted)."""
     prompt: TokenizedPrompt
     epoch: int
     serial: int
     results: list[Optional[GenerationResult]]
     scored: list[Sample] = field(default_factory=list)
+    num_samples: int = -1     # rollout.n; -1: every slot is a sampled response (no greedy slot)
 
     @property
     def is_generated(self) -> bool:
         return all(result is not None and result.finish_reason != "abort" for result in self.results)
+
+    @property
+    def greedy_slot(self) -> Optional[int]:
+        return self.num_samples if 0 <= self.num_samples < len(self.results) else None
+
+    def samples(self) -> list[Sample]:
+        """The sampled responses as samples (group index 0: the trainer renumbers), the greedy one riding on each."""
+        greedy = None if self.greedy_slot is None else self.results[self.greedy_slot]
+        sampled = self.results if self.greedy_slot is None else self.results[:self.greedy_slot]
+        return [Sample(self.prompt, 0, slot, result, greedy=greedy) for slot, result in enumerate(sampled)]
 
 
 class Rollouter(RolloutHost):
@@ -70,6 +90,8 @@ class Rollouter(RolloutHost):
         self.budget = StalenessBudget.from_config(config)
         self.queue = SampleQueue(capacity=self.budget.max_per_version)
         self.params = SamplingParams.from_rollout(config.rollout, config.data.max_response_length)
+        self.greedy_params = greedy_params(config.data.max_response_length, config.rollout.ignore_eos) \
+            if needs_greedy_baseline(config) else None
         self.lengths = LengthDistribution.parse(config.rollout.length_distribution) \
             if config.rollout.length_distribution else None
         self.in_flight: dict[int, Group] = {}      # admitted, generating (or parked after an abort)
@@ -82,7 +104,11 @@ class Rollouter(RolloutHost):
         self.delivering = asyncio.Lock()            # one scoring + queue call at a time
         self.to_deliver: list[Group] = []           # generated, waiting for the next delivery
         self.waiting_takes: set[asyncio.Future] = set()   # the trainer's takes waiting for groups
-        self.counters = {"generated_groups": 0, "resumed_responses": 0, "aborted_responses": 0}
+        self.counters = {"generated_groups": 0, "resumed_responses": 0, "aborted_responses": 0,
+                         "queued_groups": 0, "filtered_groups": 0}
+        self.filtering = FilterWindow.from_config(config)
+        self.failure: Optional[Exception] = None     # raised to the trainer by its next take
+        self.filter_counts_at_sync = (0, 0)           # queued and filtered groups at the last sync
         self.admitted_in_version = 0                # prompts admitted under this version's budget since its sync
         self.max_in_flight = 0                      # groups generating at once, set when the rollout is known
 
@@ -106,7 +132,7 @@ class Rollouter(RolloutHost):
             index = self.sampler.next_index()
             if index is None:
                 break
-            group = Group(self.dataset[index], self.sampler.epoch, self.next_serial, [None] * self.config.rollout.n)
+            group = self.new_group(index)
             self.next_serial += 1
             self.budget.admit()
             self.admitted_in_version += 1
@@ -114,6 +140,13 @@ class Rollouter(RolloutHost):
         await asyncio.gather(*tasks)
         await self.queue.close()
         return {**self.counters, **self.rollout.health().metrics()}
+
+    def new_group(self, index: int) -> Group:
+        """An admitted prompt's group: rollout.n slots, and one more for the greedy baseline when needed."""
+        num_samples = self.config.rollout.n
+        num_slots = num_samples + (self.greedy_params is not None)
+        return Group(self.dataset[index], self.sampler.epoch, self.next_serial, [None] * num_slots,
+                     num_samples=num_samples)
 
     async def wait_for_admission(self) -> None:
         async with self.settled:
@@ -146,23 +179,64 @@ class Rollouter(RolloutHost):
             batch, self.to_deliver = self.to_deliver, []
             if not batch:
                 return
-            samples = [Sample(member.prompt, 0, slot, result)
-                       for member in batch for slot, result in enumerate(member.results)]
-            scored, _ = await asyncio.to_thread(score_samples, samples, self.reward, self.tokenizer)
-            start = 0
-            for member in batch:
-                member.scored, start = scored[start:start + len(member.results)], start + len(member.results)
-            await self.queue.put_many([member.scored for member in batch])
+            await self.score(batch)
+            kept = self.filter_groups(batch)
+            await self.queue.put_many([member.scored for member in kept])
+            self.counters["queued_groups"] += len(kept)
             for member in batch:
                 del self.unqueued[member.serial]
         async with self.settled:
             self.settled.notify_all()  # a pause waits until finished groups are on the queue
+
+    async def score(self, batch: list[Group]) -> None:
+        """Score the groups' samples (and greedy baselines) in one call; each group keeps its scored samples."""
+        samples = [member.samples() for member in batch]
+        scored, _ = await asyncio.to_thread(score_for_training, [sample for group in samples for sample in group],
+                                            self.reward, self.tokenizer, self.config)
+        start = 0
+        for member, group in zip(batch, samples):
+            member.scored, start = scored[start:start + len(group)], start + len(group)
+
+    def filter_groups(self, batch: list[Group]) -> list[Group]:
+        """The groups that go on the queue: all of them, or with dynamic sampling those whose rewards vary. A
+        filtered group's prompt is released from the staleness budget: it will never be trained, so it holds no
+        place among the groups the bound is about, and admission continues until the trainer has its groups."""
+        if not self.filtering.enabled:
+            return batch
+        kept = []
+        for member in batch:
+            is_kept = has_signal(member.scored, self.filtering.metric)
+            if is_kept:
+                kept.append(member)
+            else:
+                self.counters["filtered_groups"] += 1
+                self.budget.release()
+            try:
+                self.filtering.count(is_kept)
+            except DynamicSamplingError as error:
+                self.failure = self.failure or error   # the trainer's next take raises it
+        return kept
+
+    def version_filter_metrics(self) -> dict[str, float]:
+        """`filter/*` over the groups scored since the last sync (with dynamic sampling), then a new count."""
+        queued, filtered = self.counters["queued_groups"], self.counters["filtered_groups"]
+        last_queued, last_filtered = self.filter_counts_at_sync
+        self.filter_counts_at_sync = (queued, filtered)
+        if not self.filtering.enabled:
+            return {}
+        generated = queued - last_queued + filtered - last_filtered
+        return {"filter/num_generated_groups": float(generated),
+                "filter/num_filtered_groups": float(filtered - last_filtered),
+                "filter/kept_ratio": (queued - last_queued) / max(generated, 1)}
 
     async def generate_slots(self, group: Group, slots: list[int]) -> list[GenerationResult]:
         """Generate (or resume) the responses of `slots` in one call, so they share the prompt's KV blocks on
         one engine; the rollout chooses the engine and starts the requests again elsewhere if it dies."""
         requests = []
         for slot in slots:
+            if slot == group.greedy_slot:
+                requests.append(self.greedy_request(group))
+                continue
             seed = request_seed(self.config.rollout.seed, group.prompt.record.prompt_id, slot, f"epoch{group.epoch}")
             params = request_params(self.params, seed, self.lengths)
             previous = group.results[slot]
@@ -172,6 +246,14 @@ class Rollouter(RolloutHost):
                 requests.append(GenerationRequest.resume(previous, params))
                 self.counters["resumed_responses"] += 1
         return await self.rollout.generate(requests)
+
+    def greedy_request(self, group: Group) -> GenerationRequest:
+        """The group's greedy response (temperature 0, the whole token budget), new or resumed after an abort."""
+        previous = group.results[group.greedy_slot]
+        if previous is None:
+            return GenerationRequest(f"g{group.serial}/{GREEDY_SUFFIX}", group.prompt.prompt_ids, self.greedy_params)
+        self.counters["resumed_responses"] += 1
+        return GenerationRequest.resume(previous, self.greedy_params)
 
     # ---- the sync protocol --------------------------------------------------------------------------
     async def pause(self) -> dict[str, float]:
@@ -210,6 +292,7 @@ class Rollouter(RolloutHost):
         self.budget.on_sync(outstanding)
         self.admitted_in_version = 0
         metrics["fully_async/rollouter/outstanding_at_sync"] = float(outstanding)
+        metrics |= self.version_filter_metrics()
         self.is_paused = False
         await self.rollout.resume()   # the sync brought restarted replicas back into rotation
         self.resumed.set()
@@ -220,6 +303,8 @@ class Rollouter(RolloutHost):
     async def take(self, count: int, timeout_s: float) -> Optional[list[list[Sample]]]:
         """For the trainer: `count` scored groups, oldest first (see `SampleQueue.get`); [] when a pause
         comes first (the trainer's sync must not race a transfer of samples)."""
+        if self.failure is not None:
+            raise self.failure
         if self.is_paused:
             return []
         waiting = asyncio.ensure_future(self.queue.get(count, timeout_s))
@@ -244,6 +329,10 @@ class Rollouter(RolloutHost):
         return {"rollouter": {"sampler": self.sampler.state_dict(), "parked": list(self.in_flight.values()),
                               "next_serial": self.next_serial},
                 "queue": await self.queue.snapshot()}
+
+    async def final_report(self) -> dict[str, float]:
+        """At the end of the run (paused): the counters and `filter/*` of the last version, for its record."""
+        return {**await self.stats(), **self.version_filter_metrics()}
 
     async def states(self) -> dict[str, dict[str, float]]:
         """The queue's and the rollouter's state, apart (for the watchdog's report)."""
