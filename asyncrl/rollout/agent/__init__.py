@@ -2,6 +2,9 @@
 
     parser.py       TOOL_CALL_PARSERS (rollout.multi_turn.format): model text -> ParsedTurn (calls, errors)
     trajectory.py   Trajectory: the append-only token log (ids, loss mask, log-probs, versions, turns)
+    template.py     ToolTurnRenderer: the chat template renders the tool turns, never the model's
+    loop.py         AgentLoop: generate -> parse -> run tools -> append -> generate (partial rollout, resume)
+    metrics.py      num_turns, tool_calls, tool errors/timeouts/latency, tokens by source; tool spans
 """
 
 from asyncrl.rollout.agent.parser import TOOL_CALL_PARSERS, ParsedTurn, ToolCall, ToolCallParserSpec, get_parser

@@ -42,6 +42,7 @@ class ToolCallRecord:
     status: str
     output: str
     latency_s: float = 0.0
+    started_s: float = 0.0       # wall clock when it started (timeline spans)
 
     def __post_init__(self) -> None:
         if self.status not in TOOL_CALL_STATUSES:
@@ -58,7 +59,8 @@ class Trajectory:
     turn_ids (R,) int32: the response so far. `messages` holds the assistant turns and tool messages after
     the prompt; `calls` every tool call. `finish_reason` is None while the trajectory runs, then "stop" (the
     model answered without a call), "length" (the token budget), "max_turns" or "abort" (not finished:
-    partial rollout continues it)."""
+    partial rollout continues it). `partial` holds a model turn cut off by an abort: partial rollout resumes
+it from there."""
     request_id: str
     prompt_ids: np.ndarray
     ids: np.ndarray = field(default_factory=lambda: _empty(np.int32))
@@ -70,6 +72,7 @@ class Trajectory:
     calls: list[ToolCallRecord] = field(default_factory=list)
     num_turns: int = 0                   # model turns appended
     finish_reason: Optional[str] = None
+    partial: Optional[GenerationResult] = None   # a model turn aborted mid-generation (partial rollout resumes it)
 
     @classmethod
     def start(cls, request_id: str, prompt_ids) -> "Trajectory":
