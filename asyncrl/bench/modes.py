@@ -4,9 +4,13 @@
     asyncrl bench modes --device cuda --model qwen2.5-0.5b --samples 8192 --lengths lognormal:512:4096
     asyncrl bench modes --modes sync fully_async_partial --samples 1024
 
+The default (tiny model on CPU, 2,048 samples per mode, five modes) takes about 5 minutes on 2 cores: the
+bench prints its plan and an estimate first, and after each mode the time it took and what is left.
+
 Each mode is a real training run (`asyncrl.launch.train`) with responses of long-tail lengths
 (per-request budgets drawn from `--lengths`, `rollout.ignore_eos=true`). Writes into `--results-dir`
-(default `outputs/bench/modes/` under the current directory) `modes_<name>.json`, a markdown table (printed
+(default `outputs/bench/modes/` under the current directory, git-ignored in a checkout; the runs themselves
+live in a temporary folder removed at the end) `modes_<name>.json`, a markdown table (printed
 too) and PNGs: throughput per mode and, per mode, the timeline showing what overlapped. Rewards are the
 arithmetic task's (speed runs on random weights score ~0; learning is compared on the demo task, see
 docs/benchmarks.md).
@@ -43,6 +47,11 @@ MODES = {
                             "async_training.staleness_threshold=0.5", "async_training.partial_rollout=true"],
 }
 TIMINGS = ("gen", "old_log_prob", "update_actor", "sync_weights", "step")
+# The up-front estimate for the tiny model on CPU: a run's start-up (Ray, actors, the final save and export)
+# and its samples per second over the steps, as the default workload measured on 2 cores (sync ~130 samples/s;
+# the async modes faster). Other workloads are estimated once their first mode has finished.
+CPU_TINY_STARTUP_S = 20.0
+CPU_TINY_SAMPLES_PER_S = 100.0
 
 
 def prepare(root: Path, model: str, device: str, prompts: int) -> tuple[Path, Path, Path]:
@@ -115,19 +124,41 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def plan(options: argparse.Namespace) -> str:
+    """What the bench is about to run, and how long that should take when it can say."""
+    steps = options.samples // (options.n * options.prompts_per_step)
+    text = (f"[bench modes] {len(options.modes)} training run{"s" if len(options.modes) > 1 else ""} ({', '.join(options.modes)}), each {options.samples} "
+            f"samples in {steps} steps on {options.devices} {options.device} devices")
+    if options.device == "cpu" and options.model == "tiny":
+        estimate_s = len(options.modes) * (CPU_TINY_STARTUP_S + options.samples / CPU_TINY_SAMPLES_PER_S)
+        return text + f": about {format_minutes(estimate_s)} on 2 cores (a busy machine takes longer)"
+    return text + ": the time left is estimated once the first run has finished"
+
+
+def format_minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
 def run_modes_benchmark(options: argparse.Namespace) -> list[dict[str, Any]]:
-    root = Path(tempfile.mkdtemp(prefix="asyncrl-modes-"))
-    folder, train_file, val_file = prepare(root, options.model, options.device, options.samples // options.n + 64)
+    print(plan(options), flush=True)
     results_dir = Path(options.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     results = []
-    for mode in options.modes:
-        output = root / mode
-        started = time.monotonic()
-        train(mode_config(mode, folder, train_file, val_file, output, options))
-        results.append(summarize(mode, output, time.monotonic() - started))
-        plot_timeline(output / "timeline.json", results_dir / f"modes_{options.name}_timeline_{mode}.png")
-        print(f"[bench modes] {mode}: {results[-1]['samples_per_s']:.1f} samples/s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="asyncrl-modes-") as temporary:
+        root = Path(temporary)
+        folder, train_file, val_file = prepare(root, options.model, options.device, options.samples // options.n + 64)
+        for index, mode in enumerate(options.modes, start=1):
+            print(f"[bench modes] {index}/{len(options.modes)} {mode} ...", flush=True)
+            output = root / mode
+            started = time.monotonic()
+            train(mode_config(mode, folder, train_file, val_file, output, options))
+            results.append(summarize(mode, output, time.monotonic() - started))
+            plot_timeline(output / "timeline.json", results_dir / f"modes_{options.name}_timeline_{mode}.png")
+            average_s = sum(result["wall_s"] for result in results) / len(results)
+            left = len(options.modes) - index
+            print(f"[bench modes] {index}/{len(options.modes)} {mode}: {results[-1]['samples_per_s']:.1f} samples/s, "
+                  f"{results[-1]['wall_s']:.0f} s" + (f"; about {format_minutes(left * average_s)} left" if left else ""),
+                  flush=True)
     plot_bars({result["mode"]: result["samples_per_s"] for result in results}, f"throughput ({options.name})",
               "samples / s", results_dir / f"modes_{options.name}_throughput.png")
     table = markdown_table(results)
