@@ -127,7 +127,8 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
 def plan(options: argparse.Namespace) -> str:
     """What the bench is about to run, and how long that should take when it can say."""
     steps = options.samples // (options.n * options.prompts_per_step)
-    text = (f"[bench modes] {len(options.modes)} training run{"s" if len(options.modes) > 1 else ""} ({', '.join(options.modes)}), each {options.samples} "
+    runs = "training run" if len(options.modes) == 1 else "training runs"
+    text = (f"[bench modes] {len(options.modes)} {runs} ({', '.join(options.modes)}), each {options.samples} "
             f"samples in {steps} steps on {options.devices} {options.device} devices")
     if options.device == "cpu" and options.model == "tiny":
         estimate_s = len(options.modes) * (CPU_TINY_STARTUP_S + options.samples / CPU_TINY_SAMPLES_PER_S)
