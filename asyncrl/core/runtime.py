@@ -62,6 +62,7 @@ class Runtime:
     stop: StopRequest               # the training loop enters it around its steps
     mode_actors: dict[str, Any]     # the mode's own actors (fully async: the rollouter, which owns the rollout)
     actors: list[Any]               # every actor the run started (trainer ranks, replicas, mode actors)
+    resume_from: Optional[Path] = None  # the checkpoint to resume from, checked against the config before Ray
 
     def close(self) -> None:
         """Saves the timeline, stops the scoring processes, the rollout and every actor, frees the devices."""

@@ -256,11 +256,24 @@ class PPOCore:
         self.tracker.log(metrics, step)
 
     # ---- state ----------------------------------------------------------------------------------------
+    @property
+    def weights_version(self) -> int:
+        """The version the trainer's weights carry: the rollout's version, or the next one when updates were
+        made since the last sync (the version the next sync will give them)."""
+        return self.version + 1 if self.updates_since_sync else self.version
+
     def state_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "kl_controller": self.kl_controller.state_dict()}
+        """A checkpoint names its weights by the version they carry, not by the rollout's: a checkpoint written
+        between an update and the sync that pushes it (fully_async saves inside the sync, before the push;
+        one_step_off after its update) would otherwise give the rollout's version to two weight sets."""
+        return {"version": self.weights_version, "kl_controller": self.kl_controller.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any], trainer_folder: Optional[str]) -> None:
+        """Loading pushes the checkpoint's weights to the rollout under their version: that push is the sync
+        the saving run had not made yet, so nothing is pending afterwards (`updates_since_sync` = 0) and the
+        next sync bumps the version once, as it does in a run that was never interrupted."""
         self.version = state["version"]
+        self.updates_since_sync = 0
         self.kl_controller.load_state_dict(state["kl_controller"])
         if trainer_folder is not None:
             self.trainers.load_checkpoint(trainer_folder)

@@ -1,6 +1,7 @@
 """The composition root: build what a run needs, in a fixed order, after the config is validated:
 
-tokenizer, datasets and the rollout backend's name (errors here start no Ray worker) -> reward executor -> Ray
+tokenizer, datasets and the rollout backend's name (errors here start no Ray worker) -> the checkpoint to resume
+from, checked against the config (before any file is written) -> reward executor -> config.yaml -> Ray
 -> resource pools (one atomic reservation) -> rollout replicas and the mode's actors (loading while) -> trainer
 ranks -> the rollout backend (built once, from its registry entry) -> the PPO core, with tracker and timeline.
 
@@ -24,12 +25,12 @@ import torch
 
 from asyncrl.config import AsyncRLConfig, ConfigError, check_environment, dump_config
 from asyncrl.core import PPOCore, Runtime, TrainerGroup
-from asyncrl.core.checkpoint import CheckpointManager
 from asyncrl.core.trainer_rank import TrainerActor
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.launch.preflight import check_model_inputs
 from asyncrl.launch.ray_cluster import start_ray
 from asyncrl.launch.resource_pool import PoolSpec, Pools, ResourceError, allocate_pools
+from asyncrl.launch.resume_check import check_resume
 from asyncrl.launch.stop_signals import StopSignals
 from asyncrl.recipes.training_loop import total_training_steps
 from asyncrl.remote import RemoteCallError, wait_for, wait_for_all, worker_name
@@ -164,18 +165,6 @@ def rollout_context(config: AsyncRLConfig, pools: Pools, replicas: list[Any], tr
     return RolloutContext(config, trainers, replicas, engine_dtype, lambda: trainer_node_address(config, pools))
 
 
-def resume_step(config: AsyncRLConfig, output_dir: Path) -> Optional[int]:
-    """The first step this run will log: metrics.jsonl lines from that step on (a previous attempt's) are
-    dropped; a run that starts from scratch drops them all."""
-    if config.trainer.resume == "disable":
-        return 0
-    manager = CheckpointManager(output_dir / "checkpoints", config.trainer.max_checkpoints)
-    folder = manager.find_resumable() if config.trainer.resume == "auto" else Path(config.trainer.resume)
-    if folder is None:
-        return 0
-    return CheckpointManager.read_driver_state(folder)["step"] + 1
-
-
 @dataclass(frozen=True)
 class ModeActors:
     """A mode's own actors: started with the runtime, not after it, and able to own the rollout backend."""
@@ -190,25 +179,34 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
     start), then joined; the rollout backend named by `rollout.backend` is resolved once, here."""
     backend = resolve_backend(config)
     tokenizer, train_data, val_data = load_inputs(config)
-    reward = RewardExecutor.from_config(config.reward)
     output_dir = Path(config.trainer.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config.yaml").write_text(dump_config(config))
-    start_ray(config.ray)
-    pools = allocate_pools(pool_specs(config, backend))
+    # A refused or finished resume is found here, before the earlier run's config.yaml (or anything) is written.
+    resume = check_resume(config, output_dir, len(train_data))
+    reward = RewardExecutor.from_config(config.reward)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.yaml").write_text(dump_config(config))
+        start_ray(config.ray)
+        pools = allocate_pools(pool_specs(config, backend))
+    except BaseException:
+        reward.close()
+        raise
     logger.info("placement: %s", ", ".join(f"{name} on {where['node_ip']} ({where['node_id'][:8]})"
                                            for name, where in pools.placement().items()))
-    replicas = launch_replicas(config, pools) if backend.placement == "separate" else []
-    actors = mode_actors.launch(config, tokenizer, train_data) if mode_actors is not None else {}
+    replicas: list[Any] = []
+    actors: dict[str, Any] = {}
     trainers: Optional[TrainerGroup] = None
     try:
+        replicas = launch_replicas(config, pools) if backend.placement == "separate" else []
+        actors = mode_actors.launch(config, tokenizer, train_data) if mode_actors is not None else {}
         trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)),
                                   host_engine=backend.placement == "colocated")
         context = rollout_context(config, pools, replicas, trainers)
         rollout = mode_actors.host_rollout(actors, backend, context) if mode_actors is not None else \
             backend.fn(context)
-        logger.info("processes: %s", ", ".join(f"{name} pid {pid}"
-                                               for name, pid in actor_pids(config, trainers, replicas).items()))
+        pids = {**actor_pids(config, trainers, replicas),
+                **{f"reward/scorer{index}": pid for index, pid in enumerate(reward.pids())}}
+        logger.info("processes: %s", ", ".join(f"{name} pid {pid}" for name, pid in pids.items()))
     except BaseException:
         # A failed start leaves nothing behind in a shared Ray cluster: actors, devices and scoring processes.
         for actor in [*actors.values(), *replicas, *(trainers.actors if trainers is not None else [])]:
@@ -217,8 +215,10 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
         reward.close()
         raise
     tracker = Tracker(output_dir, config.trainer.logger, config.trainer.project_name, config.trainer.experiment_name,
-                      dataclasses.asdict(config), resume_step=resume_step(config, output_dir))
+                      # metrics.jsonl lines from the first step this run logs on (a previous attempt's) are dropped
+                      dataclasses.asdict(config), resume_step=resume.step + 1 if resume.folder is not None else 0)
     timeline = Timeline()
     core = PPOCore(config, trainers, rollout, reward, tokenizer, tracker, timeline)
     return Runtime(config, output_dir, tokenizer, train_data, val_data, reward, pools, trainers, rollout, core,
-                   tracker, timeline, StopSignals(), actors, [*actors.values(), *replicas, *trainers.actors])
+                   tracker, timeline, StopSignals(), actors, [*actors.values(), *replicas, *trainers.actors],
+                   resume.folder)

@@ -12,6 +12,11 @@ way: the push happens between two generations. Old log-probs default to the roll
 sampling (`algorithm.filter_groups.enable`) a step that lacks groups with signal takes the next batches of the
 pipeline too (each dispatched as its predecessor is collected), without a weight push between them.
 
+A push happens only when the weights changed, except the first step's, which names the initial weights
+version 1 so that every batch is one version behind the weights it trains. A version therefore names one set of
+weights, also across a resume: the resumed rollout already holds the checkpoint's weights, under the version the
+push would have given them (`PPOCore.state_dict`), so its first step pushes nothing.
+
 A checkpoint records the data cursor before the batch in flight, so a resumed run regenerates that batch
 instead of losing it, and trains no prompt twice.
 """
@@ -70,7 +75,8 @@ class OneStepOffRecipe:
                 return None
         samples = self.core.finish_generate(self.job, metrics)
         if not self.synced_in_step:
-            self.core.sync_weights(metrics)
+            if self.core.updates_since_sync or step == 1:
+                self.core.sync_weights(metrics)
             self.synced_in_step = True
         self.job = self.start_next(step + 1)
         return self.core.compute_reward(samples, metrics)
@@ -80,7 +86,8 @@ class OneStepOffRecipe:
         self.loop.maybe_save(sampler_state=self.cursor_before_in_flight if self.job is not None else None)
 
     def finish_training(self) -> None:
-        self.core.sync_weights({})  # the final validation and the exported policy see the last update
+        if self.core.updates_since_sync:
+            self.core.sync_weights({})  # the final validation and the exported policy see the last update
 
     def save_final_checkpoint(self) -> None:
         # A run stopped by a signal still has a batch in flight: it is regenerated on resume.

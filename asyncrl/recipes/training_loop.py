@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
+from asyncrl.algos import ADVANTAGE_ESTIMATORS
 from asyncrl.config import AsyncRLConfig, prompts_per_step
 from asyncrl.core.checkpoint import CheckpointManager
 from asyncrl.core.runtime import Runtime
@@ -47,8 +48,25 @@ def total_training_steps(config: AsyncRLConfig, num_prompts: int) -> int:
     return min(steps, config.trainer.total_steps) if config.trainer.total_steps > 0 else steps
 
 
+def critic_in_use(tree: dict[str, Any]) -> Optional[bool]:
+    """What critic.enable means in a config written as a dict: the loader now fills it from the estimator's
+    metadata, but a checkpoint written before that holds null, which meant the same decision. None when that
+    estimator is not registered in this process (then algorithm.adv_estimator differs too, and says so)."""
+    enable = tree["critic"]["enable"]
+    if enable is not None:
+        return enable
+    estimator = tree["algorithm"]["adv_estimator"]
+    return ADVANTAGE_ESTIMATORS.spec(estimator).needs_critic if estimator in ADVANTAGE_ESTIMATORS else None
+
+
+# Keys compared by their meaning rather than by the value written.
+RESOLVED_KEYS: dict[str, Callable[[dict[str, Any]], Any]] = {"critic.enable": critic_in_use}
+
+
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], folder: Path) -> None:
     def lookup(tree: dict[str, Any], dotted: str) -> Any:
+        if dotted in RESOLVED_KEYS:
+            return RESOLVED_KEYS[dotted](tree)
         for part in dotted.split("."):
             tree = tree[part]
         return tree
@@ -58,6 +76,18 @@ def check_compatible(saved: dict[str, Any], current: dict[str, Any], folder: Pat
         raise IncompatibleCheckpointError(
             f"cannot resume from {folder}: the config differs in " + "; ".join(differences) +
             ". Use the original values, another trainer.output_dir, or trainer.resume=disable.")
+
+
+def find_resume_checkpoint(config: AsyncRLConfig, output_dir: Path) -> Optional[Path]:
+    """The checkpoint a run resumes from: none with trainer.resume=disable (or auto without an intact one), the
+    newest intact one under trainer.output_dir with auto (each is verified, so look once), else the folder
+    trainer.resume names."""
+    setting = config.trainer.resume
+    if setting == "disable":
+        return None
+    if setting == "auto":
+        return CheckpointManager(output_dir / "checkpoints", config.trainer.max_checkpoints).find_resumable()
+    return Path(setting)
 
 
 class StepRecipe(Protocol):
@@ -185,15 +215,12 @@ class TrainingLoop:
             self.save(extra, sampler_state)
 
     def resume(self) -> dict[str, Any]:
-        """Restore the newest usable checkpoint (trainer.resume=auto) or a given one; the recipe's extra state."""
-        setting = self.runtime.config.trainer.resume
-        if setting == "disable":
-            return {}
-        folder = self.checkpoints.find_resumable() if setting == "auto" else Path(setting)
+        """Restore the checkpoint the composition root found and checked against the config before anything
+        started (`Runtime.resume_from`); the recipe's extra state."""
+        folder = self.runtime.resume_from
         if folder is None:
             return {}
         state = CheckpointManager.read_driver_state(folder)
-        check_compatible(state["config"], dataclasses.asdict(self.runtime.config), folder)
         self.resumed_from = folder
         self.step, self.num_samples, self.num_tokens = state["step"], state["num_samples"], state["num_tokens"]
         self.sampler.load_state_dict(state["sampler"])

@@ -160,7 +160,8 @@ class FullyAsyncRecipe:
                 self.trained_prompt_keys.add(prompt_key(sample))
 
     def sync(self, metrics: dict[str, float]) -> None:
-        """Pause the rollouter, checkpoint if due (everything is still), push weights, resume."""
+        """Pause the rollouter, checkpoint if due (everything is still; the checkpoint names the trainer's weights
+        by the version this sync gives them), push weights, resume."""
         self.pause_rollouter(metrics)
         version = self.core.version + 1
         save_freq = self.config.trainer.save_freq
