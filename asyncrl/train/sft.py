@@ -5,10 +5,16 @@
 The reference answer of a row is `extra_info.answer` when present, else `reward_model.ground_truth`
 (when it is a string). The loss is the mean negative log-likelihood of the answer tokens plus EOS, after
 the chat-templated prompt. One process; the result is an HF folder that RL starts from.
+
+A row whose `extra_info.trace` holds a multi-turn trace (a JSON list of assistant and tool messages, as the
+tool task writes) is learned as the agent loop will generate it: each assistant turn (its content, its
+`<tool_call>` blocks, EOS) trains; the tool turns between them, rendered by the same chat template, are
+context with loss mask 0.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -47,13 +53,42 @@ def reference_answer(record: PromptRecord) -> str:
                        f"reward_model.ground_truth)")
 
 
-def tokenize_examples(records: list[PromptRecord], tokenizer, eos_id: int) -> list[tuple[list[int], list[int]]]:
+def tokenize_examples(records: list[PromptRecord], tokenizer,
+                      eos_id: int) -> list[tuple[list[int], list[int], list[int]]]:
+    """(prompt ids, response ids, response loss mask) per record."""
     examples = []
     for record in records:
         prompt_ids = encode_prompt(tokenizer, record.messages)
+        if "trace" in record.extra_info:
+            examples.append((prompt_ids, *tokenize_trace(record, tokenizer)))
+            continue
         answer_ids = list(tokenizer.encode(reference_answer(record), add_special_tokens=False)) + [eos_id]
-        examples.append((prompt_ids, answer_ids))
+        examples.append((prompt_ids, answer_ids, [1] * len(answer_ids)))
     return examples
+
+
+def tokenize_trace(record: PromptRecord, tokenizer) -> tuple[list[int], list[int]]:
+    """The trace's ids after the prompt, and their mask (1 on assistant turns, 0 on tool turns): each piece is
+    the difference between renders of the conversation up to it, so the ids are the template's own."""
+    trace = json.loads(record.extra_info["trace"])
+    conversation = list(record.messages)
+    previous = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    ids: list[int] = []
+    mask: list[int] = []
+    for index, message in enumerate(trace):
+        conversation.append(message)
+        is_model = message["role"] == "assistant"
+        if not is_model and index + 1 < len(trace) and trace[index + 1]["role"] == "tool":
+            continue   # consecutive tool results share one turn
+        text = tokenizer.apply_chat_template(conversation, add_generation_prompt=not is_model, tokenize=False)
+        if not text.startswith(previous):
+            raise DatasetError(f"{record.prompt_id}: the chat template renders earlier turns differently once "
+                               f"message {index} of extra_info.trace follows; it cannot be learned token-exactly")
+        piece = list(tokenizer.encode(text[len(previous):], add_special_tokens=False))
+        ids += piece
+        mask += [int(is_model)] * len(piece)
+        previous = text
+    return ids, mask
 
 
 def run_sft(model_path: str | Path, data_files: list[str], output_dir: str | Path, settings: SFTSettings) -> Path:
@@ -77,8 +112,12 @@ def run_sft(model_path: str | Path, data_files: list[str], output_dir: str | Pat
         if position == 0 and step:
             order = torch.randperm(len(examples), generator=generator)
         chosen = [examples[index] for index in order[position:position + settings.batch_size].tolist()]
-        batch = TrainBatch.from_sequences([prompt for prompt, _ in chosen], [answer for _, answer in chosen],
-                                          list(range(len(chosen)))).to(device)
+        batch = TrainBatch.from_sequences([prompt for prompt, _, _ in chosen], [answer for _, answer, _ in chosen],
+                                          list(range(len(chosen))))
+        mask = torch.zeros_like(batch.response_mask)
+        for row, (_, _, answer_mask) in enumerate(chosen):
+            mask[row, :len(answer_mask)] = torch.tensor(answer_mask, dtype=mask.dtype)
+        batch = batch.replace(response_mask=mask).to(device)
         log_probs, _ = response_log_probs(model, batch, temperature=1.0, with_entropy=False)
         loss = -(log_probs * batch.response_mask).sum() / batch.response_mask.sum()
         optimizer.zero_grad(set_to_none=True)
