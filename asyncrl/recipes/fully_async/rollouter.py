@@ -352,4 +352,7 @@ class Rollouter(RolloutHost):
                 **health.metrics(), **self.reward.metrics()}
 
 
-RolloutActor = ray.remote(Rollouter)
+# Every blocking ray.get of this actor runs in a worker thread (asyncio.to_thread: building the replica set, the
+# weight syncs, the driver's batch generations), never on its event loop. Ray warns about any ray.get in an
+# asyncio actor's process, which cannot tell the two apart, so that warning is off for this actor alone.
+RolloutActor = ray.remote(runtime_env={"env_vars": {"RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0"}})(Rollouter)
