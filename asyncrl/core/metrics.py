@@ -1,6 +1,6 @@
 """Data metrics of a training batch, with verl's names.
 
-critic/score, critic/rewards, critic/advantages, critic/returns, critic/values (mean/max/min),
+critic/score, critic/reward_baseline (remax's greedy responses), critic/rewards, critic/advantages, critic/returns, critic/values (mean/max/min),
 response_length (mean/max/min/clip_ratio), prompt_length, staleness (mean/max over trained tokens:
 the trainer's version minus the version that sampled the token).
 """
@@ -37,6 +37,8 @@ def sample_metrics(batch: TrainBatch, finish_reasons: Sequence[str], current_ver
     metrics: dict[str, float] = {}
     if batch.token_level_scores is not None:
         metrics |= summary("critic/score", batch.token_level_scores.sum(-1))
+    if batch.reward_baselines is not None:
+        metrics |= summary("critic/reward_baseline", batch.reward_baselines)  # the greedy responses' (remax)
     metrics |= summary("response_length", batch.response_lengths.float())
     metrics["response_length/clip_ratio"] = sum(reason == "length" for reason in finish_reasons) / len(finish_reasons)
     metrics |= summary("prompt_length", batch.prompt_lengths.float())

@@ -23,7 +23,7 @@ and weight sync go through the run's rollout backend (`asyncrl.rollout.RolloutBa
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 from asyncrl.algos import ADVANTAGE_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_kl_penalty
@@ -43,6 +43,9 @@ from asyncrl.data.records import TokenizedPrompt
 from asyncrl.engine import SamplingParams
 from asyncrl.rewards import RewardExecutor
 from asyncrl.rollout import PendingGeneration, RolloutBackend
+from asyncrl.rollout.agent.generation import start_agent_generation
+from asyncrl.rollout.agent.loop import AgentLoop
+from asyncrl.rollout.agent.metrics import agent_metrics, tool_spans
 from asyncrl.telemetry import Timeline, Tracker, timed
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch
 
@@ -79,6 +82,9 @@ class PPOCore:
         self.lengths = LengthDistribution.parse(config.rollout.length_distribution) \
             if config.rollout.length_distribution else None
         self.use_critic = needs_critic(config)
+        # Multi-turn rollouts (rollout.multi_turn): each request becomes a trajectory of turns and tool calls.
+        self.agent = AgentLoop.from_config(config.rollout.multi_turn, tokenizer) \
+            if config.rollout.multi_turn.enable else None
         self.use_reference = needs_reference(config)
         self.use_greedy_baseline = needs_greedy_baseline(config)
 
@@ -113,7 +119,16 @@ class PPOCore:
             salts = [salts] * len(prompts) if isinstance(salts, str) else list(salts)
             requests += greedy_requests(prompts, salts, greedy_params(self.config.data.max_response_length,
                                                                       self.config.rollout.ignore_eos))
-        return GenerationJob(list(prompts), num_samples, self.rollout.start_generate(requests), with_greedy)
+        return GenerationJob(list(prompts), num_samples, self.dispatch(requests, prompts, num_samples), with_greedy)
+
+    def dispatch(self, requests: list, prompts: Sequence[TokenizedPrompt], num_samples: int) -> PendingGeneration:
+        """To the rollout backend, or through the agent loop with rollout.multi_turn."""
+        if self.agent is None:
+            return self.rollout.start_generate(requests)
+        num_sampled = len(prompts) * num_samples   # then one greedy request per prompt, if any
+        extra_infos = [prompts[index // num_samples if index < num_sampled else index - num_sampled].record.extra_info
+                       for index in range(len(requests))]
+        return start_agent_generation(self.rollout, self.agent, requests, extra_infos, self.config.ray.rpc_timeout_s)
 
     def finish_generate(self, job: GenerationJob, metrics: dict[str, float]) -> list[Sample]:
         """Wait for a dispatched generation. `timing_s/gen` is the time this call blocked; the generation
@@ -127,6 +142,12 @@ class PPOCore:
         num_samples, num_sampled = job.num_samples, len(job.prompts) * job.num_samples
         samples = [Sample(job.prompts[index // num_samples], index // num_samples, index % num_samples, result)
                    for index, result in enumerate(results[:num_sampled])]
+        if self.agent is not None:
+            trajectories = job.pending.trajectories   # an AgentGeneration: one trajectory per request
+            samples = [replace(sample, trajectory=trajectory) for sample, trajectory in zip(samples, trajectories)]
+            metrics.update(agent_metrics(trajectories[:num_sampled]))
+            for name, start, end in tool_spans(trajectories):
+                self.timeline.add_span("tools", name, start, end)
         return with_greedy_results(samples, results[num_sampled:]) if job.with_greedy else samples
 
     def compute_reward(self, samples: Sequence[Sample], metrics: dict[str, float],
@@ -210,7 +231,8 @@ class PPOCore:
                 self.kl_controller.update(kl_metrics["actor/reward_kl_penalty"], batch.num_rows)
                 metrics.update(kl_metrics)
             advantages, returns = ADVANTAGE_ESTIMATORS[algorithm.adv_estimator](
-                rewards, batch.response_mask, batch.group_ids, values=batch.values, gamma=algorithm.gamma,
+                rewards, batch.response_mask, batch.group_ids, values=batch.values,
+                reward_baselines=batch.reward_baselines, gamma=algorithm.gamma,
                 lam=algorithm.lam, norm_adv_by_std=algorithm.norm_adv_by_std_in_grpo)
             batch = batch.replace(token_level_rewards=rewards, advantages=advantages, returns=returns)
             # Rejection changes which tokens train, after advantages were computed over whole groups.

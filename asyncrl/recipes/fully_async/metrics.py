@@ -41,31 +41,55 @@ class VersionMetrics:
     counts (`fully_async/count/*`, `training/epoch`, `param_version`); else max for a name ending in `max`, min
     for `min`, sum for `sum` / `total`, and the mean otherwise. Recomputed over the cycle: `perf/throughput`
     (tokens / seconds), `perf/samples_per_s` and `trainer/idle_ratio` (time waiting for samples / step time).
-    Each record has `param_version` (the version the cycle's updates became), `first_step`, `last_step` and
-    `num_steps`, then the metrics of the sync that closed it (the rollouter's for the version: idle ratio,
-    admitted prompts, `filter/*` of dynamic sampling).
 
-    The step dicts are kept by reference and read when the version closes, so what the training loop adds to a
+    A record holds `param_version` (the version the cycle's steps trained with, which the rollouter served; the
+    reference system logs the same record at step = this + 1, the version the cycle's updates became),
+    `synced_version`, `first_step`, `last_step`, `num_steps`, then the metrics of the sync that closed it (the
+    rollouter's for the version: idle ratio, admitted prompts, its cumulative counts, and dynamic sampling's
+    `filter/*` over the groups it scored). What the rollouter scored after the last sync with no step left to
+    train (groups filtered at the end of the data) is added to the last record, so the records' `filter/*` add
+    up to the run's counts.
+
+    Step dicts are kept by reference and read when the version closes, so what the training loop adds to a
     step's metrics after the recipe's step (timings, throughput) is included.
     """
 
     def __init__(self, path: Path):
         self.path = path
         self.steps: list[tuple[int, dict[str, float]]] = []
+        self.records: list[dict[str, float]] = []
 
     def add(self, step: int, metrics: dict[str, float]) -> None:
         self.steps.append((step, metrics))
 
     def close(self, version: int, sync_metrics: dict[str, float]) -> Optional[dict[str, float]]:
-        """Write the record of the steps since the last close (none: nothing to write) and start a new one."""
-        if not self.steps:
+        """Record the steps since the last close, `version` being the version after the sync that ends them, and
+        rewrite the file. Without steps, `sync_metrics` complete the last record (none yet: nothing is written)."""
+        if self.steps:
+            trained_with = int(self.steps[-1][1]["param_version"])
+            self.records.append({"param_version": trained_with, "synced_version": version,
+                                 "first_step": self.steps[0][0], "last_step": self.steps[-1][0],
+                                 "num_steps": len(self.steps), **aggregate([metrics for _, metrics in self.steps]),
+                                 **sync_metrics})
+        elif self.records:
+            self.records[-1] = merge_trailing(self.records[-1], sync_metrics)
+        else:
             return None
-        record = {"param_version": version, "first_step": self.steps[0][0], "last_step": self.steps[-1][0],
-                  "num_steps": len(self.steps), **aggregate([metrics for _, metrics in self.steps]), **sync_metrics}
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(record, sort_keys=True) + "\n")
         self.steps = []
-        return record
+        self.path.write_text("".join(json.dumps(record, sort_keys=True) + "\n" for record in self.records))
+        return self.records[-1]
+
+
+def merge_trailing(record: dict[str, float], sync_metrics: dict[str, float]) -> dict[str, float]:
+    """`record` with the metrics of a sync that closed no step: dynamic sampling's group counts add up, the kept
+    ratio is recomputed, every other value is the later one."""
+    merged = {**record, **sync_metrics}
+    for name in ("filter/num_generated_groups", "filter/num_filtered_groups"):
+        merged[name] = record.get(name, 0.0) + sync_metrics.get(name, 0.0)
+    if "filter/kept_ratio" in merged:
+        generated = merged["filter/num_generated_groups"]
+        merged["filter/kept_ratio"] = (generated - merged["filter/num_filtered_groups"]) / max(generated, 1.0)
+    return merged
 
 
 def aggregate(steps: Sequence[dict[str, float]]) -> dict[str, float]:
