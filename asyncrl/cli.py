@@ -1,10 +1,12 @@
 """The `asyncrl` command line.
 
-    asyncrl demo [--mode MODE] [key=value ...]    the main job on the embedded default task
+    asyncrl demo [--task TASK] [--mode MODE] [--setup-only] [--rebuild-setup] [key=value ...]
+                                                  the main job on the embedded default task
     asyncrl train CONFIG.yaml [key=value ...]     train with a config file plus dotted overrides
     asyncrl sft --model DIR --data FILE --out DIR supervised warm start
     asyncrl config show [CONFIG.yaml] [key=value ...]
-    asyncrl data make arithmetic --out DIR [--train-size N --val-size M --seed S --set knob=value]
+    asyncrl data make [TASK] --out DIR [--train-size N --val-size M --seed S --set knob=value]
+                                                  (no TASK: the demo's task, with its knobs)
     asyncrl bench {engine,trainer,sync,modes} ... prints a table, writes JSON under outputs/bench/
     asyncrl serve MODEL_DIR [--host H --port P --api-key K]   an OpenAI-compatible server (docs/serving.md)
 
@@ -58,9 +60,17 @@ def command_advise(options: argparse.Namespace) -> int:
 
 def command_data_make(options: argparse.Namespace) -> int:
     from asyncrl.data.make import make_task, write_task
-    knobs = dict(item.split("=", 1) for item in options.set)
+    from asyncrl.launch.demo import DEFAULT_TASK, demo_task
+    name, knobs = options.task, {}
+    if name is None:  # the demo's task, whose warm-started model (asyncrl demo --setup-only) it matches
+        name, knobs = demo_task(DEFAULT_TASK).task, dict(demo_task(DEFAULT_TASK).knobs)
+    for item in options.set:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KNOB=VALUE")
+        key, value = item.split("=", 1)
+        knobs[key] = value
     try:
-        task = make_task(options.task, knobs)
+        task = make_task(name, knobs)
     except (TypeError, ValueError) as error:
         raise ConfigError(str(error)) from None
     paths = write_task(task, options.out, options.train_size, options.val_size, options.seed)
@@ -84,8 +94,18 @@ def command_train(options: argparse.Namespace) -> int:
 
 
 def command_demo(options: argparse.Namespace) -> int:
-    from asyncrl.launch.demo import DEFAULT_MODE, run_demo
-    run_demo(options.out, mode=options.mode or DEFAULT_MODE, overrides=options.overrides)
+    from asyncrl.launch.demo import demo_task, prepare_setup, run_demo
+    try:
+        demo_task(options.task)
+    except ValueError as error:
+        raise ConfigError(f"--task: {error}") from None
+    if options.setup_only:
+        setup = prepare_setup(options.out, options.task, rebuild=options.rebuild_setup)
+        print(f"warm-started model: {setup.model}\ntraining prompts:   {setup.train_file}\n"
+              f"validation prompts: {setup.val_file}")
+        return 0
+    run_demo(options.out, mode=options.mode, overrides=options.overrides, task_name=options.task,
+             rebuild_setup=options.rebuild_setup)
     return 0
 
 
@@ -116,11 +136,20 @@ def build_parser() -> argparse.ArgumentParser:
                                      "sync, one-step-off and fully-async PPO/GRPO on Ray.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    # The demo's registry is read when the demo runs (an unknown --task is an error listing it): importing the
+    # composition root here would slow every command down.
     demo = commands.add_parser("demo", help="the main job: make the arithmetic task, build a tiny model, "
                                "warm-start it with SFT, train it with RL, report validation accuracy")
-    demo.add_argument("--out", default="outputs/demo", help="output folder (default outputs/demo)")
-    demo.add_argument("--mode", choices=["sync", "one_step_off", "fully_async"], default=None,
-                      help="trainer.mode (default: the fastest mode that works)")
+    demo.add_argument("--out", default="outputs/demo", help="output folder (default outputs/demo): the run goes "
+                      "to OUT/TASK-MODE/, the cached data and warm-started model to OUT/setup/TASK/")
+    demo.add_argument("--task", default="arithmetic", help="the demo task, a name of asyncrl.launch.demo.DEMO_TASKS: "
+                      "arithmetic (default) or longtail (long-tailed response lengths, what the async modes are for)")
+    demo.add_argument("--mode", choices=["sync", "one_step_off", "fully_async"], default="sync",
+                      help="trainer.mode (default sync)")
+    demo.add_argument("--setup-only", action="store_true", help="only make (or reuse) the data and the "
+                      "warm-started model, and print where they are: the starting point of your own job")
+    demo.add_argument("--rebuild-setup", action="store_true", help="make the data and the warm-started model "
+                      "again instead of reusing them")
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides of the RL run")
     demo.set_defaults(run=command_demo)
 
@@ -169,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     make = data_commands.add_parser("make", help="write a built-in task as train.parquet and val.parquet",
                                     description="Tasks and their knobs: arithmetic (min_digits, max_digits, "
                                     "num_operands, operators), countdown (num_numbers, max_number, operators).")
-    make.add_argument("task", help="arithmetic or countdown")
+    make.add_argument("task", nargs="?", default=None, help="arithmetic or countdown (default: the demo's task, "
+                      "arithmetic with the demo's knobs, which the warm-started model of asyncrl demo matches)")
     make.add_argument("--out", required=True, help="output folder")
     make.add_argument("--train-size", type=int, default=4000)
     make.add_argument("--val-size", type=int, default=200)

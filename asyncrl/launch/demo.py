@@ -1,60 +1,148 @@
 """`asyncrl demo`: the main job on the embedded default, end to end on a laptop CPU.
 
-1. writes the arithmetic task (2-digit addition) as parquet in verl's schema, with warm-start answers from
-   a "sloppy teacher" that often repeats the last digit (the reward checks the exact sum);
+    asyncrl demo                                   # 2-digit sums, sync mode
+    asyncrl demo --task longtail --mode fully_async  # long-tailed response lengths: where async pays off
+    asyncrl demo --setup-only                      # only the data and the warm-started model, for your own job
+
+1. writes the task (2-digit addition) as parquet in verl's schema, with warm-start answers from a "sloppy
+   teacher" that often repeats the last digit (the reward checks the exact sum);
 2. builds a tiny character-level Qwen2-style model;
 3. warm-starts it with SFT on the teacher's answers: it learns to add, and the stutter;
-4. trains it with GRPO through Ray actors (the mode is `--mode`, default the fastest that works);
+4. trains it with GRPO through Ray actors in `--mode`, with the demo task's settings for that mode;
 5. prints validation accuracy before and after, and where the outputs are.
+
+Steps 1-3 (the setup) are cached under `<out>/setup/<task>/`, keyed by their settings (`setup.json`): a
+later demo of the same task, in any mode, starts at step 4. `--rebuild-setup` makes them again.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from asyncrl.config import load_config
 from asyncrl.data.make import make_task, write_task
-from asyncrl.models import build_tiny_model
 from asyncrl.launch.modes import train
+from asyncrl.models import build_tiny_model
 from asyncrl.train.sft import SFTSettings, run_sft
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODE = "sync"
+DEFAULT_TASK = "arithmetic"
+SETUP_FILE_NAME = "setup.json"  # written last: its presence means the setup is complete
 # 2-digit sums taught by a teacher that stutters on 60% of its answers ("122" -> "1222"): the warm start
 # can add but has picked up the habit, which exact-match RL removes (see asyncrl/data/tasks/arithmetic.py).
 TASK_KNOBS = {"min_digits": "2", "max_digits": "2", "operators": "+", "sloppy_teacher": "0.6"}
 MODEL_SHAPE = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, max_position_embeddings=64)
 
 
+@dataclass(frozen=True)
+class DemoTask:
+    """One demo: the task and its knobs, the setup's sizes, and the RL run's overrides of `demo.yaml`
+    (for every mode, then per mode)."""
+
+    summary: str
+    task: str
+    knobs: dict[str, str]
+    overrides: tuple[str, ...] = ()
+    mode_overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    train_size: int = 4000
+    val_size: int = 200
+    sft_epochs: float = 12.0
+    model_shape: dict[str, int] = field(default_factory=lambda: dict(MODEL_SHAPE))
+
+    def run_overrides(self, mode: str) -> tuple[str, ...]:
+        return self.overrides + (self.mode_overrides[mode] if mode in self.mode_overrides else ())
+
+    def setup_settings(self, seed: int) -> dict[str, Any]:
+        """What the cached setup depends on; a different value rebuilds it."""
+        return {"task": self.task, "knobs": self.knobs, "train_size": self.train_size, "val_size": self.val_size,
+                "sft": asdict(SFTSettings(epochs=self.sft_epochs, seed=seed)), "model_shape": self.model_shape,
+                "seed": seed}
+
+
+DEMO_TASKS: dict[str, DemoTask] = {
+    "arithmetic": DemoTask(
+        summary="2-digit sums; responses of 3-5 tokens, so every mode waits about as long for a batch",
+        task="arithmetic", knobs=TASK_KNOBS),
+    "longtail": DemoTask(
+        summary="the same sums, each answer followed by a long-tailed run of '.' (median 8 tokens, up to 48): "
+                "a synchronous batch waits for its longest response, the asynchronous modes do not",
+        task="arithmetic", knobs={**TASK_KNOBS, "tail_median": "8", "tail_cap": "48"},
+        overrides=("data.max_response_length=56", "data.max_prompt_length=16"),
+        mode_overrides={"fully_async": ("async_training.staleness_threshold=0.5",
+                                        "async_training.partial_rollout=true")}),
+}
+
+
+@dataclass(frozen=True)
+class DemoSetup:
+    """The demo's inputs on disk: the task's parquet files and the warm-started HF folder."""
+
+    folder: Path
+    train_file: Path
+    val_file: Path
+    model: Path
+
+
 def demo_config_path() -> Path:
     return Path(str(resources.files("asyncrl") / "configs" / "demo.yaml"))
 
 
-def run_demo(output_dir: str | Path, mode: str = DEFAULT_MODE, overrides: list[str] | None = None,
-             train_size: int = 4000, val_size: int = 200, sft_epochs: float = 12.0, seed: int = 0) -> dict[str, Any]:
-    output_dir = Path(output_dir)
-    started = time.monotonic()
-    print(f"[demo] 1/4 writing the arithmetic task to {output_dir / 'data'}", flush=True)
-    paths = write_task(make_task("arithmetic", TASK_KNOBS), output_dir / "data", train_size, val_size, seed)
+def demo_task(name: str) -> DemoTask:
+    if name not in DEMO_TASKS:
+        raise ValueError(f"unknown demo task {name!r}; demo tasks: {', '.join(DEMO_TASKS)}")
+    return DEMO_TASKS[name]
+
+
+def prepare_setup(output_dir: str | Path, task_name: str = DEFAULT_TASK, seed: int = 0,
+                  rebuild: bool = False) -> DemoSetup:
+    """Steps 1-3 under `output_dir/setup/<task>/`, reused when its `setup.json` holds the same settings."""
+    demo = demo_task(task_name)
+    folder = Path(output_dir) / "setup" / task_name
+    setup = DemoSetup(folder, folder / "data" / "train.parquet", folder / "data" / "val.parquet", folder / "model")
+    settings = demo.setup_settings(seed)
+    record = folder / SETUP_FILE_NAME
+    if not rebuild and record.is_file() and json.loads(record.read_text()) == settings:
+        print(f"[demo] 1-3/4 reusing the data and warm-started model in {folder} (--rebuild-setup makes them again)",
+              flush=True)
+        return setup
+    shutil.rmtree(folder, ignore_errors=True)
+    print(f"[demo] 1/4 writing the {task_name} task to {folder / 'data'}", flush=True)
+    write_task(make_task(demo.task, demo.knobs), folder / "data", demo.train_size, demo.val_size, seed)
     print("[demo] 2/4 building a tiny model", flush=True)
-    model = build_tiny_model(output_dir / "model", family="qwen2", seed=seed, **MODEL_SHAPE)
-    print(f"[demo] 3/4 SFT warm start ({sft_epochs} epochs)", flush=True)
-    sft = run_sft(model, [str(paths["train"])], output_dir / "sft", SFTSettings(epochs=sft_epochs, seed=seed))
-    print(f"[demo] 4/4 GRPO in trainer.mode={mode}", flush=True)
-    shutil.rmtree(output_dir / "run", ignore_errors=True)  # a demo always starts fresh
+    initial = build_tiny_model(folder / "initial_model", family="qwen2", seed=seed, **demo.model_shape)
+    print(f"[demo] 3/4 SFT warm start ({demo.sft_epochs} epochs)", flush=True)
+    run_sft(initial, [str(setup.train_file)], setup.model, SFTSettings(epochs=demo.sft_epochs, seed=seed))
+    shutil.rmtree(initial)
+    record.write_text(json.dumps(settings, indent=1) + "\n")
+    return setup
+
+
+def run_demo(output_dir: str | Path, mode: str = DEFAULT_MODE, overrides: list[str] | None = None,
+             task_name: str = DEFAULT_TASK, seed: int = 0, rebuild_setup: bool = False) -> dict[str, Any]:
+    """The whole demo; the run goes to `output_dir/<task>-<mode>/` (a demo always starts it fresh)."""
+    started = time.monotonic()
+    demo = demo_task(task_name)
+    setup = prepare_setup(output_dir, task_name, seed, rebuild_setup)
+    run_dir = Path(output_dir) / f"{task_name}-{mode}"
+    print(f"[demo] 4/4 GRPO in trainer.mode={mode} on {task_name}: {demo.summary}", flush=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
     config = load_config(demo_config_path(), [
-        f"model.path={sft}", f"data.train_files=[{paths['train']}]", f"data.val_files=[{paths['val']}]",
-        f"trainer.output_dir={output_dir / 'run'}", f"trainer.mode={mode}", *(overrides or [])])
+        f"model.path={setup.model}", f"data.train_files=[{setup.train_file}]", f"data.val_files=[{setup.val_file}]",
+        f"trainer.output_dir={run_dir}", f"trainer.mode={mode}", *demo.run_overrides(mode),
+        *(overrides or [])])
     summary = train(config)
     before = summary["initial_validation"].get("val/score/mean", float("nan"))
     after = summary["final_validation"].get("val/score/mean", float("nan"))
     print(f"\n[demo] validation accuracy: {before:.1%} after SFT -> {after:.1%} after GRPO "
-          f"({time.monotonic() - started:.0f}s in all)")
+          f"({summary['wall_time_s']:.0f}s of RL, {time.monotonic() - started:.0f}s in all)")
     print(f"[demo] outputs: {summary['output_dir']} (metrics.jsonl, summary.json, timeline.json, plots/, policy/)")
     return summary

@@ -1,6 +1,7 @@
 """The CLI's config and data commands, run as a user runs them (a subprocess of the console script)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -29,13 +30,13 @@ def test_demo_runs_the_main_job_learns_and_writes_its_outputs(tmp_path):
     result = subprocess.run([sys.executable, "-m", "asyncrl.cli", "demo", "--out", str(tmp_path)],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "arithmetic-sync" / "summary.json").read_text())
     before = summary["initial_validation"]["val/score/mean"]
     after = summary["final_validation"]["val/score/mean"]
     assert after >= before + 0.15 or after >= 0.9, (before, after)
     assert f"{after:.1%}" in result.stdout  # the accuracy it prints is the one it measured
     for name in ("metrics.jsonl", "summary.json", "timeline.json", "plots/score_vs_step.png", "policy/config.json"):
-        assert (tmp_path / "run" / name).is_file(), name
+        assert (tmp_path / "arithmetic-sync" / name).is_file(), name
 
 
 def test_data_make_writes_verl_schema_parquet(tmp_path):
@@ -50,6 +51,23 @@ def test_data_make_writes_verl_schema_parquet(tmp_path):
     assert row["prompt"][0]["role"] == "user"
     assert "ground_truth" in row["reward_model"]
     assert not set(train["prompt"].map(lambda p: p[0]["content"])) & set(val["prompt"].map(lambda p: p[0]["content"]))
+
+
+def test_data_make_without_a_task_writes_the_demos_task(tmp_path):
+    # The demo's warm-started model (asyncrl demo --setup-only) was taught 2-digit sums: the default data matches it.
+    result = run_cli("data", "make", "--out", str(tmp_path), "--train-size", "64", "--val-size", "16")
+    assert result.returncode == 0, result.stderr
+    for split in ("train", "val"):
+        questions = pd.read_parquet(tmp_path / f"{split}.parquet")["prompt"].map(lambda p: p[0]["content"])
+        assert all(re.fullmatch(r"[1-9]\d\+[1-9]\d=", question) for question in questions), list(questions)[:5]
+
+
+def test_demo_unknown_task_is_a_clear_error(tmp_path):
+    result = run_cli("demo", "--task", "longtails", "--out", str(tmp_path))
+    assert result.returncode == 2
+    assert "--task: unknown demo task 'longtails'; demo tasks: " in result.stderr
+    assert {"arithmetic", "longtail"} <= set(result.stderr.split("demo tasks: ")[1].strip().split(", "))
+    assert "Traceback" not in result.stderr and not any(tmp_path.iterdir())
 
 
 def test_data_make_unknown_knob_is_a_clear_error(tmp_path):

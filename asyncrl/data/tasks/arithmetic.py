@@ -6,6 +6,13 @@ Difficulty knobs: operand digits, number of operands and the operators.
 answer used by SFT (`extra_info.answer`) stutters, repeating its last digit ("37+85=" taught as "1222"
 instead of "122"). The ground truth the reward checks stays exact. A model warm-started on such data
 computes the sum but picks up the habit; RL with an exact-match verifier removes it.
+
+`tail_median` > 0 makes the responses' lengths long-tailed, as a reasoning model's are: the teacher follows
+each answer with a run of '.' whose length is drawn once per problem from a lognormal distribution (median
+`tail_median`, shape `tail_sigma`, capped at `tail_cap`). The reward reads the first integer, so the run
+costs generation time without changing the score; a warm-started model keeps writing it, ending each
+response at its own EOS. This is the workload where the asynchronous modes pay off (`asyncrl demo --task
+longtail`): a synchronous batch waits for its longest response.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ class ArithmeticTask:
     num_operands: int = 2
     operators: str = "+-"
     sloppy_teacher: float = 0.0
+    tail_median: int = 0
+    tail_cap: int = 64
+    tail_sigma: float = 1.0
 
     data_source = DATA_SOURCE
 
@@ -40,6 +50,10 @@ class ArithmeticTask:
             raise ValueError(f"arithmetic: operators must be a non-empty subset of '+-*', got {self.operators!r}")
         if not 0.0 <= self.sloppy_teacher <= 1.0:
             raise ValueError(f"arithmetic: sloppy_teacher must be in [0, 1], got {self.sloppy_teacher}")
+        if self.tail_median < 0 or (self.tail_median and not self.tail_median <= self.tail_cap):
+            raise ValueError(f"arithmetic: need 0 <= tail_median <= tail_cap, got {self.tail_median}, {self.tail_cap}")
+        if self.tail_sigma <= 0:
+            raise ValueError(f"arithmetic: tail_sigma must be > 0, got {self.tail_sigma}")
 
     def make_problem(self, rng: np.random.Generator) -> tuple[str, str]:
         """(question, answer), e.g. ("37+85=", "122")."""
@@ -57,6 +71,8 @@ class ArithmeticTask:
         taught = answer
         if split == "train" and self.sloppy_teacher and stable_fraction(question) < self.sloppy_teacher:
             taught = answer + answer[-1]
+        if split == "train" and self.tail_median:
+            taught += "." * self.tail_length(question)
         return {
             "data_source": DATA_SOURCE,
             "prompt": [{"role": "user", "content": question}],
@@ -64,6 +80,11 @@ class ArithmeticTask:
             "reward_model": {"style": "rule", "ground_truth": answer},
             "extra_info": {"split": split, "index": index, "answer": taught},
         }
+
+    def tail_length(self, question: str) -> int:
+        """The length of the run of '.' after the taught answer, fixed by the question."""
+        rng = np.random.default_rng(int(stable_fraction("tail:" + question) * 2**32))
+        return int(min(round(rng.lognormal(np.log(self.tail_median), self.tail_sigma)), self.tail_cap))
 
 
 def stable_fraction(text: str) -> float:
