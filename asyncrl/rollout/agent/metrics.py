@@ -7,6 +7,8 @@
     tool/timeouts                 calls stopped by their time limit
     tool/latency_s                mean wall time of a call
     response_length/model_tokens/mean, response_length/tool_tokens/mean    tokens by source
+    num_turns/versions_across_tools   trajectories whose turns were sampled by more than one policy version
+                                      (a weight sync fell inside them: partial rollout, or between turns)
 """
 
 from __future__ import annotations
@@ -32,10 +34,17 @@ def agent_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "tool/timeouts": float(sum(call.status == "timeout" for call in calls)),
         "response_length/model_tokens/mean": float(np.mean([t.num_model_tokens for t in trajectories])),
         "response_length/tool_tokens/mean": float(np.mean([t.num_tool_tokens for t in trajectories])),
+        "num_turns/versions_across_tools": float(sum(spans_versions(trajectory) for trajectory in trajectories)),
     }
     if calls:
         metrics["tool/latency_s"] = float(np.mean([call.latency_s for call in calls]))
     return metrics
+
+
+def spans_versions(trajectory: Trajectory) -> bool:
+    """More than one version among the model's tokens of a trajectory that called a tool."""
+    model_versions = trajectory.versions[trajectory.loss_mask == 1]
+    return bool(trajectory.calls) and model_versions.size > 0 and int(model_versions.min()) != int(model_versions.max())
 
 
 def tool_spans(trajectories: Sequence[Trajectory]) -> list[tuple[str, float, float]]:
