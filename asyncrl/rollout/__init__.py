@@ -11,12 +11,15 @@
     weight_group.py      the weight-sync group of trainer rank 0 and the replicas
     weight_transport.py  bucketed broadcast of the weights over that group
     hosted.py            a backend owned by another actor (the fully-async rollouter) and the driver's handle
+    external.py          "external": OpenAI-compatible HTTP servers (asyncrl serve, vLLM, SGLang); weights reloaded
+                         from an HF folder (external_client.py: one server; external_weights.py: folder, checksum)
 
     spec = resolve_backend(config); rollout = spec.fn(context)
 """
 
 from asyncrl.rollout.backend import PendingGeneration, RolloutBackend, RolloutError, RolloutHealth, WorkerOutput
 from asyncrl.rollout.colocated import ColocatedRollout
+from asyncrl.rollout.external import ExternalRollout
 from asyncrl.rollout.gate import BusyClock, RequestGate
 from asyncrl.rollout.hosted import HostedRollout, RolloutHost
 from asyncrl.rollout.registry import (ROLLOUT_BACKENDS, RolloutBackendSpec, RolloutContext, TrainerRanks,
@@ -26,6 +29,7 @@ from asyncrl.rollout.replica_set import ReplicaSet
 __all__ = [
     "BusyClock",
     "ColocatedRollout",
+    "ExternalRollout",
     "HostedRollout",
     "PendingGeneration",
     "ROLLOUT_BACKENDS",

@@ -1,0 +1,40 @@
+"""The external backend's start-up checks, which fail before any generation with the key or the server named, and
+`asyncrl serve` on a folder that cannot be served."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asyncrl.cli import main
+from asyncrl.config import ConfigError, load_config
+from asyncrl.remote import RemoteUnavailableError
+from asyncrl.rollout import ExternalRollout, RolloutContext
+from tests.serving.server_process import free_port
+
+
+def build(tmp_path, *overrides):
+    config = load_config(None, ["rollout.backend=external", f"trainer.output_dir={tmp_path}", *overrides])
+    return ExternalRollout(RolloutContext(config, None, [], torch.float32, lambda: ("127.0.0.1", 0)))
+
+
+def test_external_backend_without_urls_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"rollout.external.urls is empty: give the base URLs"):
+        build(tmp_path)
+
+
+def test_a_url_without_its_scheme_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"rollout.external.urls: '127.0.0.1:8001' is not an http:// or https://"):
+        build(tmp_path, "rollout.external.urls=[127.0.0.1:8001]")
+
+
+def test_a_server_that_does_not_answer_at_start_is_named(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"   # nothing listens there
+    with pytest.raises(RemoteUnavailableError, match=rf"rollout.external.urls: {url}: GET /health failed"):
+        build(tmp_path, f"rollout.external.urls=[{url}]", "rollout.external.timeout_s=5")
+
+
+def test_serve_on_a_missing_folder_prints_one_line(tmp_path, capsys):
+    assert main(["serve", str(tmp_path / "nowhere"), "--device", "cpu"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: asyncrl serve {tmp_path / 'nowhere'}: model folder "
+                                               f"{tmp_path / 'nowhere'} does not exist")

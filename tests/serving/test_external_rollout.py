@@ -1,0 +1,101 @@
+"""rollout.backend=external against two real `asyncrl serve` processes, without a training run: generation through
+HTTP equals the engine's, a weight sync reloads every server (checked by checksum) and stamps the new version, a
+server killed mid-use leaves the rotation while its requests are answered by the other, and with every server
+dead the call fails naming each one."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from asyncrl.config import load_config
+from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
+from asyncrl.models import build_tiny_model
+from asyncrl.remote import RemoteUnavailableError
+from asyncrl.rollout import ExternalRollout, RolloutContext
+from asyncrl.rollout.external_weights import folder_checksum
+from tests.serving.conftest import API_KEY
+from tests.serving.server_process import start_server
+
+
+class FolderTrainers:
+    """Trainer ranks as the backend reaches them at a sync: `export_policy` writes the next policy's folder."""
+
+    def __init__(self, policies):
+        self.policies = list(policies)
+        self.exported = []
+
+    def export_policy(self, folder: str) -> None:
+        shutil.copytree(self.policies[len(self.exported)], folder)
+        self.exported.append(folder)
+
+
+def requests(count: int, salt: str, max_tokens: int = 6) -> list[GenerationRequest]:
+    return [GenerationRequest(f"{salt}/{index}", [4 + index, 9, 12], SamplingParams(max_new_tokens=max_tokens,
+                                                                                     seed=100 + index))
+            for index in range(count)]
+
+
+def test_generation_reload_failover_and_every_server_dead(tool_model, tmp_path, monkeypatch):
+    second_policy = build_tiny_model(tmp_path / "second", family="qwen2", seed=1, max_position_embeddings=512)
+    servers = [start_server(tool_model, "--api-key", API_KEY, log_dir=tmp_path) for _ in range(2)]
+    try:
+        for server in servers:
+            server.wait_ready()
+        monkeypatch.setenv("ASYNCRL_API_KEY", API_KEY)
+        config = load_config(None, [
+            f"model.path={tool_model}", "rollout.backend=external", "rollout.external.verify_weights=true",
+            f"rollout.external.urls=[{servers[0].base_url},{servers[1].base_url}]", "rollout.external.timeout_s=60",
+            f"trainer.output_dir={tmp_path / 'run'}", "trainer.device=cpu"])
+        trainers = FolderTrainers([second_policy, tool_model])
+        rollout = ExternalRollout(RolloutContext(config, trainers, [], torch.float32, lambda: ("127.0.0.1", 0)))
+
+        # Token ids in, ids and log-probs out, equal to the engine's for the same prompt and seed.
+        batch = requests(8, "first")
+        pending = rollout.start_generate(batch)
+        results = pending.results()
+        engine = LLMEngine(tool_model, EngineConfig(device="cpu", cpu_kv_cache_mb=16))
+        for result, expected in zip(results, engine.generate(batch)):
+            assert result.response_ids.tolist() == expected.response_ids.tolist()
+            np.testing.assert_allclose(result.response_log_probs, expected.response_log_probs, rtol=0, atol=1e-5)
+            assert set(result.response_versions.tolist()) == {0}
+        assert {output.name for output in pending.outputs} == {server.base_url for server in servers}
+
+        # A sync writes the policy, both servers reload it (their checksums are checked) and stamp version 1.
+        rollout.sync_weights(1)
+        assert all(folder_checksum(trainers.exported[0], torch.float32) == rollout.servers[index].get(
+            "/weights_checksum")["sha256"] for index in range(2))
+        group = asyncio.run(rollout.generate(requests(4, "second")))
+        assert {version for result in group for version in result.response_versions.tolist()} == {1}
+
+        # Partial rollout: a resumed request continues its response within the original budget.
+        first = results[0]
+        cut = GenerationRequest(first.request_id, first.prompt_ids, batch[0].params, first.response_ids[:2],
+                                first.response_log_probs[:2], first.response_versions[:2])
+        [resumed] = asyncio.run(rollout.generate([cut]))
+        assert resumed.response_ids[:2].tolist() == first.response_ids[:2].tolist()
+        assert resumed.num_response_tokens <= batch[0].params.max_new_tokens
+        assert resumed.response_versions.tolist()[:2] == [0, 0] and set(resumed.response_versions[2:].tolist()) <= {1}
+
+        # One server killed: its requests go to the other, it leaves the rotation and is reported.
+        servers[1].kill()
+        answered = rollout.start_generate(requests(8, "third")).results()
+        assert len(answered) == 8 and all(result.num_response_tokens > 0 for result in answered)
+        health = rollout.health()
+        assert health.unhealthy == (servers[1].base_url,) and health.num_failures == 1
+        assert health.num_requeued_requests >= 1
+        rollout.sync_weights(2)   # the survivor reloads; the dead one stays out
+        assert rollout.health().unhealthy == (servers[1].base_url,)
+
+        # Every server dead: the call fails at once, naming each one and why it left.
+        servers[0].kill()
+        with pytest.raises(RemoteUnavailableError, match="every rollout server is out of rotation") as error:
+            rollout.start_generate(requests(2, "fourth")).results()
+        assert servers[0].base_url in str(error.value) and servers[1].base_url in str(error.value)
+    finally:
+        for server in servers:
+            server.stop()
