@@ -41,6 +41,12 @@ SETUP_FILE_NAME = "setup.json"  # written last: its presence means the setup is 
 # can add but has picked up the habit, which exact-match RL removes (see asyncrl/data/tasks/arithmetic.py).
 TASK_KNOBS = {"min_digits": "2", "max_digits": "2", "operators": "+", "sloppy_teacher": "0.6"}
 MODEL_SHAPE = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, max_position_embeddings=64)
+# The tools demo's calculator (docs/agents.md): a multi-turn trajectory is call, result, answer (~130 tokens).
+TOOLS_CONFIG = Path(str(resources.files("asyncrl") / "configs" / "tools_calculator.yaml"))
+TOOLS_OVERRIDES = ("rollout.multi_turn.enable=true", f"rollout.multi_turn.tool_config_path={TOOLS_CONFIG}",
+                   "rollout.multi_turn.max_assistant_turns=2", "data.max_prompt_length=16",
+                   "data.max_response_length=136", "rollout.n=4", "actor.ppo_mini_batch_size=16",
+                   "trainer.test_freq=8", "data.val_batch_size=64")
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,13 @@ class DemoTask:
 
 
 DEMO_TASKS: dict[str, DemoTask] = {
+    "tools": DemoTask(
+        summary="3-4 digit products the model hands to a calculator tool (multi-turn: call, result, answer); the "
+                "teacher skipped the tool or mistyped an operand, RL raises the score and the rate of correct calls",
+        task="tool_arithmetic", knobs={}, train_size=1024, val_size=64, sft_epochs=8.0,
+        model_shape={**MODEL_SHAPE, "max_position_embeddings": 192}, overrides=TOOLS_OVERRIDES,
+        mode_overrides={"fully_async": ("async_training.staleness_threshold=0.5",
+                                        "async_training.partial_rollout=true")}),
     "arithmetic": DemoTask(
         summary="2-digit sums; responses of 3-5 tokens, so every mode waits about as long for a batch",
         task="arithmetic", knobs=TASK_KNOBS),
