@@ -29,6 +29,7 @@ yet on the queue.
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
@@ -50,6 +51,8 @@ from asyncrl.recipes.fully_async.budget import StalenessBudget
 from asyncrl.recipes.fully_async.queue import SampleQueue
 from asyncrl.rewards import RewardExecutor
 from asyncrl.rollout import RolloutHost
+from asyncrl.rollout.agent import Trajectory
+from asyncrl.rollout.agent.loop import AgentLoop
 
 
 @dataclass
@@ -62,6 +65,7 @@ class Group:
     results: list[Optional[GenerationResult]]
     scored: list[Sample] = field(default_factory=list)
     num_samples: int = -1     # rollout.n; -1: every slot is a sampled response (no greedy slot)
+    trajectories: dict[int, Trajectory] = field(default_factory=dict)   # rollout.multi_turn: each slot's log
 
     @property
     def is_generated(self) -> bool:
@@ -75,7 +79,8 @@ class Group:
         """The sampled responses as samples (group index 0: the trainer renumbers), the greedy one riding on each."""
         greedy = None if self.greedy_slot is None else self.results[self.greedy_slot]
         sampled = self.results if self.greedy_slot is None else self.results[:self.greedy_slot]
-        return [Sample(self.prompt, 0, slot, result, greedy=greedy) for slot, result in enumerate(sampled)]
+        return [Sample(self.prompt, 0, slot, result, greedy=greedy, trajectory=self.trajectories.get(slot))
+                for slot, result in enumerate(sampled)]
 
 
 class Rollouter(RolloutHost):
@@ -94,6 +99,9 @@ class Rollouter(RolloutHost):
             if needs_greedy_baseline(config) else None
         self.lengths = LengthDistribution.parse(config.rollout.length_distribution) \
             if config.rollout.length_distribution else None
+        # Multi-turn rollouts (rollout.multi_turn): each slot of a group is a trajectory of turns and tool calls.
+        self.agent = AgentLoop.from_config(config.rollout.multi_turn, tokenizer) \
+            if config.rollout.multi_turn.enable else None
         self.in_flight: dict[int, Group] = {}      # admitted, generating (or parked after an abort)
         self.unqueued: dict[int, Group] = {}       # generated, being scored and put on the queue
         self.next_serial = 0
@@ -232,6 +240,8 @@ class Rollouter(RolloutHost):
     async def generate_slots(self, group: Group, slots: list[int]) -> list[GenerationResult]:
         """Generate (or resume) the responses of `slots` in one call, so they share the prompt's KV blocks on
         one engine; the rollout chooses the engine and starts the requests again elsewhere if it dies."""
+        if self.agent is not None:
+            return await self.run_trajectories(group, slots)
         requests = []
         for slot in slots:
             if slot == group.greedy_slot:
@@ -246,6 +256,25 @@ class Rollouter(RolloutHost):
                 requests.append(GenerationRequest.resume(previous, params))
                 self.counters["resumed_responses"] += 1
         return await self.rollout.generate(requests)
+
+    async def run_trajectories(self, group: Group, slots: list[int]) -> list[GenerationResult]:
+        """Multi-turn: every slot's trajectory advances through the agent loop at once (each turn its own call);
+        a trajectory parked by an abort resumes its turn, one restored mid-tool runs its calls again. A running
+        tool is never interrupted: a pause only holds the trajectory's next turn."""
+        async def advance(slot: int) -> GenerationResult:
+            if slot == group.greedy_slot:
+                request, params = self.greedy_request(group), self.greedy_params
+            else:
+                seed = request_seed(self.config.rollout.seed, group.prompt.record.prompt_id, slot,
+                                    f"epoch{group.epoch}")
+                params = request_params(self.params, seed, self.lengths)
+                request = GenerationRequest(f"g{group.serial}/{slot}", group.prompt.prompt_ids, params)
+            trajectory = group.trajectories.setdefault(slot, Trajectory.start(request.request_id, request.prompt_ids))
+            self.counters["resumed_responses"] += trajectory.partial is not None
+            await self.agent.run(self.rollout, trajectory, params, group.prompt.record.extra_info)
+            return trajectory.as_result()
+
+        return list(await asyncio.gather(*(advance(slot) for slot in slots)))
 
     def greedy_request(self, group: Group) -> GenerationRequest:
         """The group's greedy response (temperature 0, the whole token budget), new or resumed after an abort."""
@@ -326,7 +355,9 @@ class Rollouter(RolloutHost):
         queued groups, kept apart as checkpoints store them."""
         if not self.is_paused:
             raise RuntimeError("rollouter snapshot taken while generating; pause first")
-        return {"rollouter": {"sampler": self.sampler.state_dict(), "parked": list(self.in_flight.values()),
+        # A copy: trajectories whose tools still run go on appending to the live groups.
+        return {"rollouter": {"sampler": self.sampler.state_dict(),
+                              "parked": copy.deepcopy(list(self.in_flight.values())),
                               "next_serial": self.next_serial},
                 "queue": await self.queue.snapshot()}
 

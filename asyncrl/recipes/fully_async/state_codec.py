@@ -32,6 +32,7 @@ from asyncrl.core.records import Sample
 from asyncrl.data.records import PromptRecord, TokenizedPrompt
 from asyncrl.engine import GenerationResult
 from asyncrl.recipes.fully_async.rollouter import Group
+from asyncrl.rollout.agent import ToolCallRecord, Trajectory
 
 STATE_VERSION = 1
 STRUCTURE_FILE = "fully_async_state.json"
@@ -68,6 +69,8 @@ register_record(TokenizedPrompt)
 register_record(GenerationResult)
 register_record(Sample)
 register_record(Group)
+register_record(Trajectory)        # rollout.multi_turn: a parked group's token logs, their messages and calls
+register_record(ToolCallRecord)
 
 
 # ---- writing ------------------------------------------------------------------------------------------------
