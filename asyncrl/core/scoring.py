@@ -1,7 +1,10 @@
-"""Score samples with a reward executor: the one implementation used by the core's `compute_reward`
-stage and by the fully-async rollouter, which scores each group as soon as it is generated.
+"""Score samples with the run's scorer: the one implementation used by the core's `compute_reward` stage and by
+the fully-async rollouter, which scores each group as soon as it is generated.
 
-    scored, metrics = score_samples(samples, executor, tokenizer)
+    scored, metrics = score_samples(samples, scorer, tokenizer)
+
+The scorer is a `RewardExecutor` (reward functions only) or a `Scorer` (the executor and, with
+reward.model.enable, the reward-model actors); both score a list of requests in order.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from asyncrl.core.records import Sample
-from asyncrl.rewards import RewardExecutor, RewardRequest
+from asyncrl.rewards import RewardExecutor, RewardRequest, Scorer
 
 
 def decode_response(tokenizer: Any, sample: Sample) -> str:
@@ -17,15 +20,18 @@ def decode_response(tokenizer: Any, sample: Sample) -> str:
     return tokenizer.decode(sample.result.response_ids.tolist(), skip_special_tokens=True)
 
 
-def score_samples(samples: Sequence[Sample], executor: RewardExecutor,
+def reward_request(tokenizer: Any, sample: Sample) -> RewardRequest:
+    record = sample.prompt.record
+    return RewardRequest(record.data_source, decode_response(tokenizer, sample), record.ground_truth,
+                         record.extra_info, tuple(record.messages))
+
+
+def score_samples(samples: Sequence[Sample], scorer: Scorer | RewardExecutor,
                   tokenizer: Any) -> tuple[list[Sample], dict[str, float]]:
-    """Samples with their rewards, and metrics: the executor's failure counters and the mean of every
-    extra value a dict-returning reward function reported (`reward/<name>/mean`)."""
-    requests = [RewardRequest(sample.prompt.record.data_source, decode_response(tokenizer, sample),
-                              sample.prompt.record.ground_truth, sample.prompt.record.extra_info)
-                for sample in samples]
-    results = executor.score(requests)
-    metrics = dict(executor.metrics())
+    """Samples with their rewards, and metrics: the scorer's failure counters and the mean of every extra value
+    (`reward/<name>/mean`: a dict-returning reward function's, and a reward model's `rule` and `model`)."""
+    results = scorer.score([reward_request(tokenizer, sample) for sample in samples])
+    metrics = dict(scorer.metrics())
     for name in sorted({name for result in results for name in result.extra}):
         values = [result.extra[name] for result in results if name in result.extra]
         metrics[f"reward/{name}/mean"] = sum(values) / len(values)

@@ -29,11 +29,13 @@ class RewardFn(Protocol):
 
 @dataclass(frozen=True)
 class RewardRequest:
-    """One sample to score (plain data, so it crosses process boundaries cheaply)."""
+    """One sample to score (plain data, so it crosses process boundaries cheaply). `messages` are the prompt's
+    chat messages, which reward models and judges read; reward functions get verl's four arguments only."""
     data_source: str
     solution_str: str
     ground_truth: Any
     extra_info: dict[str, Any] = field(default_factory=dict)
+    messages: tuple[dict[str, str], ...] = ()
 
 
 class Failure(Enum):
