@@ -1,9 +1,10 @@
 """The composition root: build what a run needs, in a fixed order, after the config is validated:
 
 tokenizer, datasets and the rollout backend's name (errors here start no Ray worker) -> the checkpoint to resume
-from, checked against the config (before any file is written) -> reward executor -> config.yaml -> Ray
--> resource pools (one atomic reservation) -> rollout replicas and the mode's actors (loading while) -> trainer
-ranks -> the rollout backend (built once, from its registry entry) -> the PPO core, with tracker and timeline.
+from, checked against the config (before any file is written) -> reward executor and the reward model's check
+-> config.yaml -> Ray -> resource pools (one atomic reservation) -> reward-model actors, rollout replicas and the
+mode's actors (loading while) -> trainer ranks -> the rollout backend (built once, from its registry entry) -> the
+reward-model actors joined -> the PPO core, with tracker and timeline.
 
     runtime = build_runtime(config)
     ... recipe uses runtime.core, runtime.train_data, runtime.val_data ...
@@ -34,7 +35,7 @@ from asyncrl.launch.resume_check import check_resume
 from asyncrl.launch.stop_signals import StopSignals
 from asyncrl.recipes.training_loop import total_training_steps
 from asyncrl.remote import RemoteCallError, wait_for, wait_for_all, worker_name
-from asyncrl.rewards import RewardExecutor
+from asyncrl.rewards import RewardExecutor, RewardModelPool, Scorer, check_reward_model
 from asyncrl.rollout import RolloutBackend, RolloutBackendSpec, RolloutContext, resolve_backend
 from asyncrl.rollout.replica import RolloutReplicaActor
 from asyncrl.telemetry import Timeline, Tracker
@@ -169,7 +170,7 @@ def rollout_context(config: AsyncRLConfig, pools: Pools, replicas: list[Any], tr
 class ModeActors:
     """A mode's own actors: started with the runtime, not after it, and able to own the rollout backend."""
     # Starts them from what the runtime loaded, without waiting for them.
-    launch: Callable[[AsyncRLConfig, Any, PromptDataset], dict[str, Any]]
+    launch: Callable[[AsyncRLConfig, Any, PromptDataset, Optional[RewardModelPool]], dict[str, Any]]
     # Builds the backend inside one of them and returns the driver's handle on it.
     host_rollout: Callable[[dict[str, Any], RolloutBackendSpec, RolloutContext], RolloutBackend]
 
@@ -184,6 +185,7 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
     resume = check_resume(config, output_dir, len(train_data))
     reward = RewardExecutor.from_config(config.reward)
     try:
+        check_reward_model(config.reward.model)
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.yaml").write_text(dump_config(config))
         start_ray(config.ray)
@@ -196,9 +198,12 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
     replicas: list[Any] = []
     actors: dict[str, Any] = {}
     trainers: Optional[TrainerGroup] = None
+    # The reward-model actors sit outside the pools: a fraction of a CPU each, or the GPU share they ask for.
+    reward_models = RewardModelPool.launch(config.reward.model) if config.reward.model.enable else None
+    reward_actors = reward_models.actors if reward_models is not None else []
     try:
         replicas = launch_replicas(config, pools) if backend.placement == "separate" else []
-        actors = mode_actors.launch(config, tokenizer, train_data) if mode_actors is not None else {}
+        actors = mode_actors.launch(config, tokenizer, train_data, reward_models) if mode_actors is not None else {}
         trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)),
                                   host_engine=backend.placement == "colocated")
         context = rollout_context(config, pools, replicas, trainers)
@@ -206,10 +211,12 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
             backend.fn(context)
         pids = {**actor_pids(config, trainers, replicas),
                 **{f"reward/scorer{index}": pid for index, pid in enumerate(reward.pids())}}
+        if reward_models is not None:
+            pids.update(zip(reward_models.names, reward_models.wait_ready(config.ray.rpc_timeout_s)))
         logger.info("processes: %s", ", ".join(f"{name} pid {pid}" for name, pid in pids.items()))
     except BaseException:
         # A failed start leaves nothing behind in a shared Ray cluster: actors, devices and scoring processes.
-        for actor in [*actors.values(), *replicas, *(trainers.actors if trainers is not None else [])]:
+        for actor in [*actors.values(), *replicas, *reward_actors, *(trainers.actors if trainers is not None else [])]:
             ray.kill(actor)
         pools.release()
         reward.close()
@@ -218,7 +225,9 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
                       # metrics.jsonl lines from the first step this run logs on (a previous attempt's) are dropped
                       dataclasses.asdict(config), resume_step=resume.step + 1 if resume.folder is not None else 0)
     timeline = Timeline()
-    core = PPOCore(config, trainers, rollout, reward, tokenizer, tracker, timeline)
-    return Runtime(config, output_dir, tokenizer, train_data, val_data, reward, pools, trainers, rollout, core,
-                   tracker, timeline, StopSignals(), actors, [*actors.values(), *replicas, *trainers.actors],
+    scorer = Scorer(reward, reward_models, config.reward.model)
+    core = PPOCore(config, trainers, rollout, scorer, tokenizer, tracker, timeline)
+    return Runtime(config, output_dir, tokenizer, train_data, val_data, scorer, pools, trainers, rollout, core,
+                   tracker, timeline, StopSignals(), actors, [*actors.values(), *replicas, *trainers.actors,
+                                                               *reward_actors],
                    resume.folder)

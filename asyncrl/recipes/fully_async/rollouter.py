@@ -49,7 +49,7 @@ from asyncrl.data.sampler import PromptSampler
 from asyncrl.engine import GenerationRequest, GenerationResult, SamplingParams
 from asyncrl.recipes.fully_async.budget import StalenessBudget
 from asyncrl.recipes.fully_async.queue import SampleQueue
-from asyncrl.rewards import RewardExecutor
+from asyncrl.rewards import RewardExecutor, RewardModelPool, Scorer
 from asyncrl.rollout import RolloutHost
 from asyncrl.rollout.agent import Trajectory
 from asyncrl.rollout.agent.loop import AgentLoop
@@ -84,14 +84,16 @@ class Group:
 
 
 class Rollouter(RolloutHost):
-    def __init__(self, config: AsyncRLConfig, tokenizer: Any, dataset: PromptDataset):
+    def __init__(self, config: AsyncRLConfig, tokenizer: Any, dataset: PromptDataset,
+                 reward_models: Optional[RewardModelPool] = None):
         self.config = config
         self.version = 0
         self.tokenizer = tokenizer
         self.dataset = dataset
         self.sampler = PromptSampler(len(dataset), config.data.shuffle, config.data.seed, config.trainer.total_epochs)
-        # Scoring processes cannot travel between actors: the rollouter starts its own from the same settings.
-        self.reward = RewardExecutor.from_config(config.reward)
+        # Scoring processes cannot travel between actors: the rollouter starts its own from the same settings;
+        # the reward-model actors (reward.model) are the run's, handed over by the composition root.
+        self.reward = Scorer(RewardExecutor.from_config(config.reward), reward_models, config.reward.model)
         self.budget = StalenessBudget.from_config(config)
         self.queue = SampleQueue(capacity=self.budget.max_per_version)
         self.params = SamplingParams.from_rollout(config.rollout, config.data.max_response_length)

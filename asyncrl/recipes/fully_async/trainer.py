@@ -32,6 +32,7 @@ from asyncrl.recipes.fully_async.rollouter import RolloutActor
 from asyncrl.recipes.fully_async.state_codec import encode_state, load_state
 from asyncrl.recipes.training_loop import TrainingLoop
 from asyncrl.remote import RemoteCallError, wait_for
+from asyncrl.rewards import RewardModelPool
 from asyncrl.rollout import HostedRollout, RolloutBackend, RolloutBackendSpec, RolloutContext
 from asyncrl.rollout.weight_group import sync_deadline_s
 
@@ -68,10 +69,11 @@ class FullyAsyncRecipe:
 
     # ---- StepRecipe -----------------------------------------------------------------------------------
     @staticmethod
-    def launch_actors(config: AsyncRLConfig, tokenizer: Any, train_data: PromptDataset) -> dict[str, Any]:
+    def launch_actors(config: AsyncRLConfig, tokenizer: Any, train_data: PromptDataset,
+                      reward_models: Optional[RewardModelPool]) -> dict[str, Any]:
         """The rollouter (with the queue inside), started while the trainers start (it takes seconds to
         import and start its scoring processes); it waits for `host_rollout`, then for `begin`."""
-        return {"rollouter": RolloutActor.options(num_cpus=0.05).remote(config, tokenizer, train_data)}
+        return {"rollouter": RolloutActor.options(num_cpus=0.05).remote(config, tokenizer, train_data, reward_models)}
 
     @staticmethod
     def host_rollout(actors: dict[str, Any], backend: RolloutBackendSpec, context: RolloutContext) -> RolloutBackend:
