@@ -22,8 +22,13 @@ def decode_response(tokenizer: Any, sample: Sample) -> str:
 
 def reward_request(tokenizer: Any, sample: Sample) -> RewardRequest:
     record = sample.prompt.record
+    turns, calls = (), ()
+    if sample.trajectory is not None:   # multi-turn: the conversation after the prompt, and the tool calls
+        turns = tuple(sample.trajectory.messages)
+        calls = tuple({"name": call.name, "arguments": call.arguments, "status": call.status, "output": call.output,
+                       "latency_s": call.latency_s} for call in sample.trajectory.calls)
     return RewardRequest(record.data_source, decode_response(tokenizer, sample), record.ground_truth,
-                         record.extra_info, tuple(record.messages))
+                         record.extra_info, tuple(record.messages), turns, calls)
 
 
 def score_samples(samples: Sequence[Sample], scorer: Scorer | RewardExecutor,

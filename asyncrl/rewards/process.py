@@ -23,7 +23,8 @@ from typing import Iterator, Optional
 
 from asyncrl.rewards.limits import ScoringLimits, limit_cpu, limit_memory
 from asyncrl.rewards.loader import RewardLoadError, last_line, load_reward_function, resolve
-from asyncrl.rewards.protocol import Failure, RewardFn, RewardRequest, RewardResult, to_result
+from asyncrl.rewards.protocol import (Failure, RewardFn, RewardRequest, RewardResult, call_reward_function,
+                                      to_result)
 
 # Spawned processes re-import the script that started the run: one without an `if __name__ == "__main__":`
 # guard starts the run again in every scoring process, which then never serves.
@@ -76,7 +77,7 @@ def serve(spec: str, limits: ScoringLimits, connection: Connection) -> None:
 def score_one(function: RewardFn, request: RewardRequest, loop: asyncio.AbstractEventLoop,
               limits: ScoringLimits) -> RewardResult:
     try:
-        value = function(request.data_source, request.solution_str, request.ground_truth, request.extra_info)
+        value = call_reward_function(function, request)
         if inspect.isawaitable(value):  # `async def compute_score`, or any callable returning an awaitable
             value = loop.run_until_complete(value)
         return to_result(value)

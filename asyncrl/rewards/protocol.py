@@ -5,6 +5,14 @@ A reward function has verl's signature, plain or `async def`:
     def compute_score(data_source: str, solution_str: str, ground_truth, extra_info: dict | None) -> float | dict
     async def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict
 
+A multi-turn sample (rollout.multi_turn) is scored over its whole trajectory: `solution_str` is every token after
+the prompt decoded (model turns and tool results), and a function that names a `messages` parameter (or takes
+`**kwargs`) also receives the whole conversation as chat messages (the prompt's, then the assistant turns with
+their parsed `tool_calls` and the tool results), and one naming `tool_calls` the trajectory's calls as dicts
+(`name`, `arguments`, `status`, `output`, `latency_s`):
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None, messages=None, tool_calls=None)
+
 A score is any real number: a Python int, float or bool, a numpy scalar (`np.float32`, `np.int64`) or a 0-d
 array. A dict result carries `score` plus extra numeric metrics (e.g. `{"score": 1.0, "acc": 1.0}`); the
 extras are averaged into `reward/<name>/mean` metrics and entries that are not numbers are left out. A NaN
@@ -13,6 +21,7 @@ or infinite score (or extra) would poison the advantages, so it scores 0 and is 
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -36,6 +45,34 @@ class RewardRequest:
     ground_truth: Any
     extra_info: dict[str, Any] = field(default_factory=dict)
     messages: tuple[dict[str, str], ...] = ()
+    turns: tuple[dict[str, Any], ...] = ()        # multi-turn: the messages after the prompt (assistant, tool)
+    tool_calls: tuple[dict[str, Any], ...] = ()   # multi-turn: every tool call and how it went
+
+
+TRAJECTORY_KEYWORDS = ("messages", "tool_calls")
+
+
+def trajectory_keywords(function: Any) -> frozenset[str]:
+    """The trajectory keywords `function` accepts: those it names, or both when it takes **kwargs."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):   # a builtin or C callable without a signature: verl's four arguments
+        return frozenset()
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()):
+        return frozenset(TRAJECTORY_KEYWORDS)
+    return frozenset(name for name in TRAJECTORY_KEYWORDS if name in parameters)
+
+
+def call_reward_function(function: RewardFn, request: RewardRequest) -> Any:
+    """verl's four arguments, plus `messages` / `tool_calls` for a multi-turn sample when the function takes them."""
+    keywords: dict[str, Any] = {}
+    if request.turns or request.tool_calls:
+        accepted = trajectory_keywords(function)
+        if "messages" in accepted:
+            keywords["messages"] = [*request.messages, *request.turns]
+        if "tool_calls" in accepted:
+            keywords["tool_calls"] = list(request.tool_calls)
+    return function(request.data_source, request.solution_str, request.ground_truth, request.extra_info, **keywords)
 
 
 class Failure(Enum):
