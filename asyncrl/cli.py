@@ -16,11 +16,13 @@ Errors in the user's input (config, data, reward function) print one line and ex
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 
 from asyncrl.config import ConfigError, dump_config, load_config
 from asyncrl.data.reader import DatasetError
+from asyncrl.data.tasks import TASKS
 from asyncrl.recipes.errors import IncompatibleCheckpointError
 from asyncrl.rewards.loader import RewardLoadError
 from asyncrl.serving.options import add_serve_arguments
@@ -196,9 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     data = commands.add_parser("data", help="datasets")
     data_commands = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
     make = data_commands.add_parser("make", help="write a built-in task as train.parquet and val.parquet",
-                                    description="Tasks and their knobs: arithmetic (min_digits, max_digits, "
-                                    "num_operands, operators), countdown (num_numbers, max_number, operators).")
-    make.add_argument("task", nargs="?", default=None, help="arithmetic or countdown (default: the demo's task, "
+                                    description="Tasks and their knobs: " + "; ".join(
+                                        f"{name} ({', '.join(field.name for field in dataclasses.fields(task))})"
+                                        for name, task in TASKS.items()))
+    make.add_argument("task", nargs="?", default=None, help=f"{', '.join(TASKS)} (default: the demo's task, "
                       "arithmetic with the demo's knobs, which the warm-started model of asyncrl demo matches)")
     make.add_argument("--out", required=True, help="output folder")
     make.add_argument("--train-size", type=int, default=4000)
