@@ -41,7 +41,7 @@ def requests(count: int, salt: str, max_tokens: int = 6) -> list[GenerationReque
 
 
 def test_generation_reload_failover_and_every_server_dead(tool_model, tmp_path, monkeypatch):
-    second_policy = build_tiny_model(tmp_path / "second", family="qwen2", seed=1, max_position_embeddings=512)
+    second_policy = build_tiny_model(tmp_path / "second", family="qwen2", seed=1, max_position_embeddings=256)
     servers = [start_server(tool_model, "--api-key", API_KEY, log_dir=tmp_path) for _ in range(2)]
     try:
         for server in servers:

@@ -14,7 +14,7 @@ import pytest
 
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from asyncrl.models import load_tokenizer
-from tests.serving.conftest import API_KEY, TOOL_CALL, WEATHER_TOOL
+from tests.serving.conftest import ADD_TOOL, API_KEY, TOOL_CALL
 
 
 @pytest.fixture(scope="module")
@@ -80,34 +80,34 @@ def test_chat_renders_the_template_and_samples_what_the_engine_samples(client, e
 
 
 def test_the_model_calls_the_offered_tool_and_the_reply_is_parsed(client, model_name):
-    answer = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "weather 3?"}],
-                                            tools=[WEATHER_TOOL], temperature=0, max_tokens=120,
+    answer = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "add 3"}],
+                                            tools=[ADD_TOOL], temperature=0, max_tokens=120,
                                             extra_body={"return_token_ids": True})
     choice = answer.choices[0]
     assert choice.finish_reason == "tool_calls"
     [call] = choice.message.tool_calls
-    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 2}
     assert choice.message.content is None   # nothing was written besides the call
     # The same request with tool_choice "none" returns the sampled text itself.
-    plain = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "weather 3?"}],
-                                           tools=[WEATHER_TOOL], tool_choice="none", temperature=0, max_tokens=120)
+    plain = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "add 3"}],
+                                           tools=[ADD_TOOL], tool_choice="none", temperature=0, max_tokens=120)
     assert plain.choices[0].message.content == TOOL_CALL and not plain.choices[0].message.tool_calls
     # A reply that carries the call back (arguments as a JSON string) and a tool result render again.
-    history = [{"role": "user", "content": "weather 3?"},
+    history = [{"role": "user", "content": "add 3"},
                {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
-    follow_up = client.chat.completions.create(model=model_name, messages=history, tools=[WEATHER_TOOL],
+    follow_up = client.chat.completions.create(model=model_name, messages=history, tools=[ADD_TOOL],
                                                temperature=0, max_tokens=4)
     assert follow_up.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
 def test_streamed_tool_calls_arrive_whole(client, model_name):
     events = list(client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": "weather 5?"}], tools=[WEATHER_TOOL],
+        model=model_name, messages=[{"role": "user", "content": "add 5"}], tools=[ADD_TOOL],
         temperature=0, max_tokens=120, stream=True))
     calls = [call for event in events for call in (event.choices[0].delta.tool_calls or [])]
     assert [(call.function.name, json.loads(call.function.arguments)) for call in calls] == \
-        [("get_weather", {"city": "Paris"})]
+        [("add", {"a": 2})]
     assert events[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -148,7 +148,7 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(client, ser
     with pytest.raises(openai.NotFoundError, match="model 'no-such-model' is not served here") as unknown:
         client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
     assert unknown.value.body["code"] == "model_not_found" and unknown.value.body["param"] == "model"
-    with pytest.raises(openai.BadRequestError, match="maximum context length is 512 tokens") as too_long:
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 256 tokens") as too_long:
         client.completions.create(model=model_name, prompt=[5] * 600, max_tokens=2)
     assert too_long.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.UnprocessableEntityError, match="max_tokens") as negative:
