@@ -16,13 +16,12 @@ if not torch.cuda.is_available():
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """A local Ray cluster (2 CPUs, bound to 127.0.0.1, no dashboard) shared by the whole test session."""
+    """A local Ray cluster (2 CPUs, no dashboard) shared by the whole test session, started as a run starts
+    its own: listening on 127.0.0.1 only, a token on every connection, ended with the session."""
     import ray
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_DISABLE_DOCKER_CPU_WARNING", "1")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False,
-                 log_to_driver=False)
+
+    from asyncrl.config.schema import RayConfig
+    from asyncrl.launch.ray_cluster import start_ray, stop_ray
+    start_ray(RayConfig(num_cpus=2), log_to_driver=False)
     yield ray
-    ray.shutdown()
+    stop_ray()

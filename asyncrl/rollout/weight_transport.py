@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from asyncrl.train.parallel import tcp_store
+
 ALIGNMENT = 256  # bytes: every tensor starts aligned, as fast copies like
 
 
@@ -95,7 +97,7 @@ def create_group(host: str, port: int, rank: int, world_size: int, device: torch
                  timeout_s: float) -> dist.ProcessGroup:
     """A process group outside the default one (rank 0 hosts the store). Every member must call it."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world_size, rank == 0, timeout, wait_for_workers=False)
+    store = tcp_store(host, port, world_size, rank == 0, timeout)  # listens on `host` only
     prefixed = dist.PrefixStore("asyncrl-weights", store)
     if device.type == "cuda":
         options = dist.ProcessGroupNCCL.Options()

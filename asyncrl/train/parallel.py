@@ -10,7 +10,8 @@ parameters), so no rank holds more than the root and one layer in full.
 
 from __future__ import annotations
 
-import os
+import errno
+import socket
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import TypeVar
@@ -28,12 +29,30 @@ T = TypeVar("T")
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: torch.device,
                        timeout_s: float = 600.0) -> DeviceMesh:
     if not dist.is_initialized():
-        os.environ["MASTER_ADDR"] = master_addr
-        os.environ["MASTER_PORT"] = str(master_port)
+        timeout = timedelta(seconds=timeout_s)
+        store = tcp_store(master_addr, master_port, world_size, rank == 0, timeout)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s),
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
     return init_device_mesh(device.type, (world_size,))
+
+
+def tcp_store(host: str, port: int, world_size: int, is_server: bool, timeout: timedelta) -> dist.TCPStore:
+    """A process group's rendezvous store. The server listens on `host` alone (torch's own listens on every
+    interface): 127.0.0.1 for a local run, the node's address on a cluster. A port someone else holds raises
+    an error naming EADDRINUSE, which the composition root retries on a fresh port."""
+    if not is_server:
+        return dist.TCPStore(host, port, world_size, False, timeout)
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    try:
+        listener = socket.create_server((host, port), family=family, backlog=max(world_size, 128))
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise RuntimeError(f"the process group's store cannot listen on {host}:{port}: the port is taken "
+                               f"(EADDRINUSE)") from error
+        raise
+    return dist.TCPStore(host, port, world_size, True, timeout, wait_for_workers=False,
+                         master_listen_fd=listener.detach())
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None) -> nn.Module:
