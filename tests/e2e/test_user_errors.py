@@ -3,8 +3,10 @@ function that raises during training costs only its samples (scored 0, counted, 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 from asyncrl.config import dump_config
 from asyncrl.telemetry import read_metrics
@@ -53,3 +55,40 @@ def test_reward_function_that_raises_scores_zero_is_counted_and_the_run_finishes
     assert "Traceback" not in result.stderr
     rows = [row for row in read_metrics(f"{config.trainer.output_dir}/metrics.jsonl") if "reward/num_errors" in row]
     assert len(rows) == 2 and rows[-1]["reward/num_errors"] > 0
+
+
+def test_a_finished_run_run_again_warns_and_a_changed_mode_is_refused_both_before_ray(make_raw_config, tmp_path):
+    """The same command twice: the second starts nothing, says how to train again and exits 0. A changed
+    trainer.mode is refused before Ray with both values named. Neither touches the finished run's files; raising
+    trainer.total_steps trains on from its last checkpoint."""
+    config = make_raw_config("trainer.total_steps=2", "trainer.val_before_train=false", "data.val_files=[]",
+                             "data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "ray.num_cpus=2")
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(dump_config(config))
+    output = Path(config.trainer.output_dir)
+    first = train_cli(str(config_path))
+    assert first.returncode == 0, first.stderr[-3000:]
+    files = {name: (output / name).read_bytes() for name in ("config.yaml", "timeline.json", "metrics.jsonl",
+                                                             "summary.json")}
+
+    again = train_cli(str(config_path))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"WARNING] asyncrl.launch.modes: trainer.output_dir={output} holds a finished run (2 steps; last " \
+           f"checkpoint {output / 'checkpoints' / 'step_2'}): nothing to train, nothing was started." in again.stderr
+    assert "give another trainer.output_dir, or trainer.resume=disable to start over" in again.stderr
+    assert "raise trainer.total_steps (now 2)" in again.stderr
+    assert f"nothing to do: {output} holds a finished run (2 steps)" in again.stdout
+    assert "Ray" not in again.stderr and "Traceback" not in again.stderr
+    assert {name: (output / name).read_bytes() for name in files} == files
+
+    other_mode = train_cli(str(config_path), "trainer.mode=one_step_off", "rollout.n_gpus_per_node=1")
+    assert_clean_failure(other_mode, f"error: cannot resume from {output / 'checkpoints' / 'step_2'}: the config "
+                         "differs in trainer.mode: 'sync' in the checkpoint, 'one_step_off' now.",
+                         "another trainer.output_dir, or trainer.resume=disable")
+    assert {name: (output / name).read_bytes() for name in files} == files
+
+    further = train_cli(str(config_path), "trainer.total_steps=3")
+    assert further.returncode == 0, further.stderr[-3000:]
+    steps = [row["step"] for row in read_metrics(output / "metrics.jsonl") if "critic/score/mean" in row]
+    assert steps == [1, 2, 3]
+    assert json.loads((output / "summary.json").read_text())["steps"] == 3

@@ -99,7 +99,8 @@ def test_a_finished_run_is_recognised_only_with_its_summary_and_while_nothing_is
     # More steps cannot train a run whose data is used up; another epoch does, from the same checkpoint.
     with pytest.raises(RunAlreadyFinished):
         check_resume(make_config(tmp_path, "trainer.total_steps=3"), tmp_path, NUM_PROMPTS)
-    assert check_resume(make_config(tmp_path, "trainer.total_epochs=2"), tmp_path, NUM_PROMPTS) == ResumePoint(folder, 2)
+    more_epochs = make_config(tmp_path, "trainer.total_epochs=2")
+    assert check_resume(more_epochs, tmp_path, NUM_PROMPTS) == ResumePoint(folder, 2)
 
 
 def test_a_step_budget_reached_before_the_data_ends_is_finished_too(tmp_path):
