@@ -3,6 +3,7 @@
     modes.py          each trainer.mode's recipe (and actors); train(config): build, run the recipe, close
     runtime.py        build_runtime(config): inputs checked, Ray, pools, replicas, trainer ranks, rollout backend
     preflight.py      the model, critic and tokenizer folders checked before Ray starts
+    resume_check.py   the checkpoint a run resumes from, checked against the config (and a finished run) before Ray
     ray_cluster.py    start or join the Ray cluster
     resource_pool.py  the trainer and rollout pools, reserved in one placement group
     stop_signals.py   SIGTERM / SIGINT as a request to stop after the current step
