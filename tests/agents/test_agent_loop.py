@@ -14,6 +14,7 @@ import yaml
 from asyncrl.engine import GenerationRequest, GenerationResult, SamplingParams
 from asyncrl.models import build_tiny_model, load_tokenizer
 from asyncrl.rollout.agent import Trajectory
+from asyncrl.rollout.agent.generation import start_agent_generation
 from asyncrl.rollout.agent.loop import AgentLoop
 from asyncrl.rollout.agent.metrics import agent_metrics, tool_spans
 from asyncrl.config.schema import MultiTurnConfig
@@ -145,3 +146,28 @@ def test_metrics_count_turns_calls_failures_and_tokens_by_source(agent, tokenize
     assert metrics["response_length/tool_tokens/mean"] == pytest.approx(
         (good.num_tool_tokens + bad.num_tool_tokens) / 3)
     assert [span[0] for span in tool_spans([good, bad, plain])] == ["tool:calc", "tool:x"]
+
+
+class CountingGenerator(ScriptedGenerator):
+    """Records the size of every generate call."""
+
+    def __init__(self, tokenizer, texts):
+        super().__init__(tokenizer, texts)
+        self.call_sizes: list[int] = []
+
+    async def generate(self, requests):
+        self.call_sizes.append(len(requests))
+        return [(await ScriptedGenerator.generate(self, [request]))[0] for request in requests]
+
+
+def test_the_driver_batches_turns_across_trajectories_and_returns_them_in_order(agent, tokenizer):
+    generator = CountingGenerator(tokenizer, [CALL, "7006652"])
+    requests = [GenerationRequest(f"s/{index}", start(tokenizer).prompt_ids, SamplingParams(max_new_tokens=200,
+                                                                                              seed=index))
+                for index in range(6)]
+    pending = start_agent_generation(generator, agent, requests, [{}] * 6, timeout_s=60)
+    results = pending.results()
+    assert [result.request_id for result in results] == [f"s/{index}" for index in range(6)]
+    assert generator.call_sizes == [6, 6]      # both turns of all six trajectories, in two engine calls
+    assert all(trajectory.finish_reason == "stop" and trajectory.num_turns == 2 for trajectory in pending.trajectories)
+    assert results[0].response_ids.tolist() == pending.trajectories[0].ids.tolist()
