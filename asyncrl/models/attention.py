@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from asyncrl.models.layers import RMSNorm
+from asyncrl.models.lora import add_fused_adapters
 from asyncrl.models.model_config import TransformerConfig
 from asyncrl.models.rope import apply_rotary
 
@@ -196,7 +197,7 @@ class SelfAttention(nn.Module):
             projections = (self.q_proj, self.k_proj, self.v_proj)
             weight = torch.cat([projection.weight for projection in projections])
             bias = None if self.q_proj.bias is None else torch.cat([projection.bias for projection in projections])
-        fused = F.linear(hidden, weight, bias)
+        fused = add_fused_adapters(F.linear(hidden, weight, bias), hidden, (self.q_proj, self.k_proj, self.v_proj))
         if not self.use_qk_norm and rotate:
             return self._rotate_query_and_key_together(fused, cos, sin)
         query, key, value = fused.split(self.projection_sizes, dim=-1)

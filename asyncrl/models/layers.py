@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from asyncrl.models.linear_into import linear_into
+from asyncrl.models.lora import add_fused_adapters
 
 
 class RMSNorm(nn.Module):
@@ -59,5 +60,6 @@ class SwiGLU(nn.Module):
                                self.down_proj.weight, grads_into.down)
         if self.gate_up_weight is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        gate_up = add_fused_adapters(F.linear(x, self.gate_up_weight), x, (self.gate_proj, self.up_proj))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
