@@ -3,6 +3,7 @@
     asyncrl bench modes                                   # CPU, tiny model, long-tail lengths, all modes
     asyncrl bench modes --device cuda --model qwen2.5-0.5b --samples 8192 --lengths lognormal:512:4096
     asyncrl bench modes --modes sync fully_async_partial --samples 1024
+    asyncrl bench modes --task tools --tool-latency lognormal:0.5:4   # agents: tool calls with a latency tail
 
 The default (tiny model on CPU, 2,048 samples per mode, five modes) takes about 5 minutes on 2 cores: the
 bench prints its plan and an estimate first, and after each mode the time it took and what is left.
@@ -14,6 +15,11 @@ live in a temporary folder removed at the end) `modes_<name>.json`, a markdown t
 too) and PNGs: throughput per mode and, per mode, the timeline showing what overlapped. Rewards are the
 arithmetic task's (speed runs on random weights score ~0; learning is compared on the demo task, see
 docs/benchmarks.md).
+
+`--task tools` runs the tools demo's task instead (docs/agents.md): its warm-started model (the demo's setup,
+cached in `<results-dir>/setup/`), real EOS, multi-turn trajectories whose calculator calls wait a delay drawn
+from `--tool-latency`. There the speed-up comes from generating other trajectories while one waits for its
+tool, and the final scores say whether the modes reached equal accuracy.
 
 Devices: `sync` uses every device as a colocated trainer rank; the separated modes split them
 (--rollout-devices for the rollout, the rest for the trainer). On CPU a "device" is a share of the cores.
@@ -33,6 +39,7 @@ from asyncrl.bench.results import default_output
 from asyncrl.config import load_config
 from asyncrl.data.make import make_task, write_task
 from asyncrl.launch import train
+from asyncrl.launch.demo import DEMO_TASKS, prepare_setup
 from asyncrl.models import build_tiny_model
 from asyncrl.telemetry import plot_bars, plot_timeline, read_metrics
 
@@ -65,8 +72,22 @@ def prepare(root: Path, model: str, device: str, prompts: int) -> tuple[Path, Pa
     return folder, data["train"], data["val"]
 
 
+def tool_workload(results_dir: Path, root: Path, latency: str) -> tuple[Path, Path, Path, list[str]]:
+    """The tools demo's warm model and data, and the overrides of a multi-turn run whose calculator waits
+    `latency` per call."""
+    setup = prepare_setup(results_dir / "setup", "tools")
+    tools = root / "tools.yaml"
+    tools.write_text(f"tools:\n  - class_name: calculator\n    config: {{latency: \"{latency}\", timeout_s: 60}}\n")
+    overrides = [override for override in DEMO_TASKS["tools"].overrides
+                 if not override.startswith(("rollout.multi_turn.tool_config_path", "trainer.test_freq", "rollout.n=",
+                                             "actor.ppo_mini_batch_size", "data.val_batch_size"))]
+    return setup.model, setup.train_file, setup.val_file, [*overrides, f"rollout.multi_turn.tool_config_path={tools}",
+                                                          "rollout.ignore_eos=false", "rollout.length_distribution=",
+                                                          "trainer.test_freq=-1"]
+
+
 def mode_config(mode: str, folder: Path, train_file: Path, val_file: Path, output: Path,
-                options: argparse.Namespace) -> Any:
+                options: argparse.Namespace, workload: tuple[str, ...] = ()) -> Any:
     separated = mode != "sync"
     devices = options.devices
     trainer_devices = devices - options.rollout_devices if separated else devices
@@ -82,7 +103,7 @@ def mode_config(mode: str, folder: Path, train_file: Path, val_file: Path, outpu
         "data.max_prompt_length=32", "rollout.ignore_eos=true", f"rollout.length_distribution={options.lengths}",
         f"trainer.total_steps={options.samples // (options.n * prompts_per_step)}", "actor.optim.lr=1e-5",
         f"actor.ppo_micro_batch_size_per_gpu={options.micro_batch}", "ray.rpc_timeout_s=900",
-        *options.overrides, *MODES[mode]])
+        *workload, *options.overrides, *MODES[mode]])
 
 
 def summarize(mode: str, output: Path, wall_s: float) -> dict[str, Any]:
@@ -147,12 +168,17 @@ def run_modes_benchmark(options: argparse.Namespace) -> list[dict[str, Any]]:
     results = []
     with tempfile.TemporaryDirectory(prefix="asyncrl-modes-") as temporary:
         root = Path(temporary)
-        folder, train_file, val_file = prepare(root, options.model, options.device, options.samples // options.n + 64)
+        workload: list[str] = []
+        if options.task == "tools":
+            folder, train_file, val_file, workload = tool_workload(results_dir, root, options.tool_latency)
+        else:
+            folder, train_file, val_file = prepare(root, options.model, options.device,
+                                                   options.samples // options.n + 64)
         for index, mode in enumerate(options.modes, start=1):
             print(f"[bench modes] {index}/{len(options.modes)} {mode} ...", flush=True)
             output = root / mode
             started = time.monotonic()
-            train(mode_config(mode, folder, train_file, val_file, output, options))
+            train(mode_config(mode, folder, train_file, val_file, output, options, tuple(workload)))
             results.append(summarize(mode, output, time.monotonic() - started))
             plot_timeline(output / "timeline.json", results_dir / f"modes_{options.name}_timeline_{mode}.png")
             average_s = sum(result["wall_s"] for result in results) / len(results)
@@ -184,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch", type=int, default=64)
     parser.add_argument("--lengths", default="lognormal:24:192:1.0", help="per-request response-length budgets")
     parser.add_argument("--max-response-length", type=int, default=192)
+    parser.add_argument("--task", default="arithmetic", choices=["arithmetic", "tools"],
+                        help="arithmetic: long-tail lengths on random weights; tools: the tools demo's multi-turn task")
+    parser.add_argument("--tool-latency", default="lognormal:0.5:4",
+                        help="--task tools: each calculator call's delay (seconds: 'S', 'LOW:HIGH', 'lognormal:MEDIAN:CAP')")
     parser.add_argument("--name", default="cpu")
     parser.add_argument("--results-dir", default=default_output("modes"),
                         help="folder for the JSON, the table and the plots (default outputs/bench/modes)")
