@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from asyncrl.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, REJECTION_LEVELS
 from asyncrl.config.errors import ConfigError
-from asyncrl.config.schema import AsyncRLConfig
+from asyncrl.config.schema import LORA_PROJECTIONS, AsyncRLConfig
 
 LOGGERS = frozenset({"console", "jsonl", "tensorboard", "wandb", "mlflow"})
 
@@ -36,6 +36,7 @@ def check_invariants(config: AsyncRLConfig) -> None:
     check_reward_shaping(config)
     check_async(config)
     check_cuda_graphs(config)
+    check_lora(config)
     check_decode_attention(config)
     check_length_distribution(config.rollout.length_distribution)
     check_multi_turn(config)
@@ -179,6 +180,25 @@ def check_cuda_graphs(config: AsyncRLConfig) -> None:
                           "replay; turn one of them off")
     if config.model.gradient_checkpointing:
         raise ConfigError("actor.cuda_graphs does not recompute activations: set model.gradient_checkpointing=false")
+
+
+def check_lora(config: AsyncRLConfig) -> None:
+    """model.lora_rank > 0: the target names, and the fast paths that run the base weights without adapters."""
+    model = config.model
+    if model.lora_rank == 0:
+        return
+    targets = model.target_modules
+    unknown = [name for name in targets if name not in LORA_PROJECTIONS]
+    if not targets or (targets != ["all-linear"] and unknown):
+        raise ConfigError(f"model.target_modules: {targets} names no projection LoRA can adapt ({unknown}); give "
+                          f"all-linear or a list of {', '.join(LORA_PROJECTIONS)}")
+    if config.actor.cuda_graphs:
+        raise ConfigError("model.lora_rank > 0 with actor.cuda_graphs=true: the graphed update trains fixed-address "
+                          "copies of every weight and has no adapter path; set actor.cuda_graphs=false")
+    if config.rollout.decode_products == "fused":
+        raise ConfigError("model.lora_rank > 0 with rollout.decode_products=fused: the fused decode layers multiply "
+                          "the stacked base weights and would skip the adapters; use auto or torch (the model's "
+                          "layers, adapters included)")
 
 
 def check_decode_attention(config: AsyncRLConfig) -> None:

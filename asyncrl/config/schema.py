@@ -39,6 +39,10 @@ FilterMetric = Literal["acc", "score", "seq_reward"]
 DecodeProducts = Literal["auto", "fused", "torch"]
 
 
+# The projections LoRA can adapt (model.target_modules), in layer order; "all-linear" means all of them.
+LORA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 @dataclass
 class ModelConfig:
     path: str = option("", "HF-format model folder (config.json, safetensors, tokenizer files) of the policy")
@@ -48,6 +52,18 @@ class ModelConfig:
     gradient_checkpointing: bool = option(False, "recompute each decoder layer's activations in backward")
     compile: bool = option(True, "torch.compile each decoder layer around its attention kernel on CUDA, in the "
                                  "trainer and the engine (fused norms, rotary, activation); ignored on CPU")
+    lora_rank: int = option(0, "rank of the LoRA adapters trained on the policy's projections (docs/lora.md); 0 "
+                               "trains every weight", ge=0)
+    lora_alpha: float = option(16.0, "LoRA scale numerator: an adapter's output is multiplied by "
+                                     "lora_alpha / lora_rank", gt=0.0)
+    target_modules: list[str] = option(["all-linear"], "projections that get adapters: all-linear (q/k/v/o and "
+                                                       "gate/up/down) or a list of q_proj, k_proj, v_proj, o_proj, "
+                                                       "gate_proj, up_proj, down_proj")
+    lora_dropout: float = option(0.0, "dropout on an adapter's input in training (as PEFT's lora_dropout)",
+                                 ge=0.0, lt=1.0)
+    lora_init: Literal["gaussian", "kaiming"] = option(
+        "gaussian", "initial A of each adapter: gaussian = N(0, 1/r), kaiming = kaiming-uniform (PEFT's default); "
+                    "B starts at zero, so the first policy is the base model")
 
 
 @dataclass

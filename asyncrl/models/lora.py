@@ -29,7 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from asyncrl.config.schema import LORA_PROJECTIONS, AsyncRLConfig
+
+PROJECTIONS = LORA_PROJECTIONS
 ALL_LINEAR = "all-linear"
 LoRAInit = Literal["gaussian", "kaiming"]
 LORA_INITS: tuple[str, ...] = ("gaussian", "kaiming")
@@ -66,6 +68,16 @@ class LoRASpec:
     @property
     def targets(self) -> tuple[str, ...]:
         return resolve_targets(self.target_modules)
+
+
+def lora_spec(config: AsyncRLConfig) -> LoRASpec | None:
+    """The policy's adapters as the run's config asks for them (None: model.lora_rank = 0, no LoRA). Seeded by
+    trainer.seed, so the trainer ranks and every engine build the same initial adapters."""
+    model = config.model
+    if model.lora_rank == 0:
+        return None
+    return LoRASpec(rank=model.lora_rank, alpha=model.lora_alpha, target_modules=tuple(model.target_modules),
+                    dropout=model.lora_dropout, init=model.lora_init, seed=config.trainer.seed)
 
 
 def resolve_targets(target_modules: Sequence[str]) -> tuple[str, ...]:
