@@ -18,7 +18,7 @@ from asyncrl.config.schema import RewardModelConfig
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from asyncrl.models import build_tiny_model
 from asyncrl.remote import RemoteUnavailableError
-from asyncrl.rewards import RewardModelPool, RewardRequest, check_reward_model
+from asyncrl.rewards import RewardExecutor, RewardModelPool, RewardRequest, Scorer, check_reward_model
 from asyncrl.rewards.judge import GenerativeJudge, check_template, parse_number, parse_yes_no
 from asyncrl.rewards.protocol import Failure, RewardResult
 from asyncrl.rewards.reward_model import DiscriminativeRewardModel, conversation_text
@@ -143,6 +143,26 @@ def test_pool_splits_batches_over_real_actors_in_order(ray_session, brevity_mode
         assert [result.score for result in results] == pytest.approx([result.score for result in local], abs=1e-6)
         assert pool.metrics() == {"reward/model_scored": 5, "reward/model_errors": 0, "reward/model_timeouts": 0}
     finally:
+        for actor in pool.actors:
+            ray_session.kill(actor)
+
+
+def test_scorer_adds_the_pools_score_to_the_rule_executors(ray_session, brevity_model):
+    config = RewardModelConfig(enable=True, path=str(brevity_model), weight=0.1, num_cpus_per_worker=0.05)
+    pool = RewardModelPool.launch(config)
+    scorer = Scorer(RewardExecutor("", timeout_s=30), pool, config)  # the built-in arithmetic scorer
+    try:
+        pool.wait_ready(timeout_s=120)
+        results = scorer.score([request("122"), request("1222")])
+        model = DiscriminativeRewardModel(str(brevity_model)).score([request("122"), request("1222")])
+        assert [result.extra["rule"] for result in results] == [1.0, 0.0]
+        assert [result.extra["model"] for result in results] == pytest.approx([result.score for result in model])
+        assert [result.score for result in results] == pytest.approx([1.0 + 0.1 * model[0].score,
+                                                                      0.1 * model[1].score])
+        metrics = scorer.metrics()
+        assert metrics["reward/num_scored"] == 2 and metrics["reward/model_scored"] == 2
+    finally:
+        scorer.close()
         for actor in pool.actors:
             ray_session.kill(actor)
 
