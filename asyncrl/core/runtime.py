@@ -17,7 +17,7 @@ from asyncrl.config import AsyncRLConfig
 from asyncrl.core.stages import PPOCore
 from asyncrl.core.trainer_group import TrainerGroup
 from asyncrl.data.dataset import PromptDataset
-from asyncrl.rewards import RewardExecutor
+from asyncrl.rewards import Scorer
 from asyncrl.rollout import RolloutBackend
 from asyncrl.telemetry import Timeline, Tracker
 
@@ -52,7 +52,7 @@ class Runtime:
     tokenizer: Any
     train_data: PromptDataset
     val_data: Optional[PromptDataset]
-    reward: RewardExecutor
+    reward: Scorer
     resources: Resources
     trainers: TrainerGroup
     rollout: RolloutBackend

@@ -41,7 +41,7 @@ from asyncrl.core.validation import validation_metrics
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.data.records import TokenizedPrompt
 from asyncrl.engine import SamplingParams
-from asyncrl.rewards import RewardExecutor
+from asyncrl.rewards import Scorer
 from asyncrl.rollout import PendingGeneration, RolloutBackend
 from asyncrl.rollout.agent.generation import start_agent_generation
 from asyncrl.rollout.agent.loop import AgentLoop
@@ -66,7 +66,7 @@ class GenerationJob:
 
 class PPOCore:
     def __init__(self, config: AsyncRLConfig, trainers: TrainerGroup, rollout: RolloutBackend,
-                 reward: RewardExecutor, tokenizer: Any, tracker: Tracker, timeline: Timeline):
+                 reward: Scorer, tokenizer: Any, tracker: Tracker, timeline: Timeline):
         self.config = config
         self.trainers = trainers
         self.rollout = rollout

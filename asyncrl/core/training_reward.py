@@ -17,10 +17,10 @@ from asyncrl.config import AsyncRLConfig
 from asyncrl.core.greedy_baseline import baseline_samples, with_baseline_scores
 from asyncrl.core.records import Sample
 from asyncrl.core.scoring import score_samples
-from asyncrl.rewards import RewardExecutor
+from asyncrl.rewards import RewardExecutor, Scorer
 
 
-def score_for_training(samples: Sequence[Sample], executor: RewardExecutor, tokenizer: Any,
+def score_for_training(samples: Sequence[Sample], executor: Scorer | RewardExecutor, tokenizer: Any,
                        config: AsyncRLConfig) -> tuple[list[Sample], dict[str, float]]:
     """Scored and shaped samples (greedy baselines in `baseline_score`), and the scoring and shaping metrics."""
     baselines = baseline_samples(samples)
