@@ -43,6 +43,9 @@ TASK_KNOBS = {"min_digits": "2", "max_digits": "2", "operators": "+", "sloppy_te
 MODEL_SHAPE = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, max_position_embeddings=64)
 # The tools demo's calculator (docs/agents.md): a multi-turn trajectory is call, result, answer (~130 tokens).
 TOOLS_CONFIG = Path(str(resources.files("asyncrl") / "configs" / "tools_calculator.yaml"))
+# 4-digit operands: every digit a call copies sits at one distance from its place in the question, a single
+# relative offset for the attention of a 2-layer model to learn.
+TOOLS_KNOBS = {"min_digits": "4", "max_digits": "4"}
 TOOLS_OVERRIDES = ("rollout.multi_turn.enable=true", f"rollout.multi_turn.tool_config_path={TOOLS_CONFIG}",
                    "rollout.multi_turn.max_assistant_turns=2", "data.max_prompt_length=16",
                    "data.max_response_length=136", "rollout.n=4", "actor.ppo_mini_batch_size=16",
@@ -85,7 +88,7 @@ DEMO_TASKS: dict[str, DemoTask] = {
     "tools": DemoTask(
         summary="3-4 digit products the model hands to a calculator tool (multi-turn: call, result, answer); the "
                 "teacher skipped the tool or mistyped an operand, RL raises the score and the rate of correct calls",
-        task="tool_arithmetic", knobs={}, train_size=1024, val_size=64, sft_epochs=8.0,
+        task="tool_arithmetic", knobs=TOOLS_KNOBS, train_size=1024, val_size=64, sft_epochs=16.0,
         model_shape={**MODEL_SHAPE, "max_position_embeddings": 192}, overrides=TOOLS_OVERRIDES,
         mode_overrides={"fully_async": ("async_training.staleness_threshold=0.5",
                                         "async_training.partial_rollout=true")}),
