@@ -101,7 +101,7 @@ DEMO_TASKS: dict[str, DemoTask] = {
         task="arithmetic", knobs={**TASK_KNOBS, "tail_median": "8", "tail_cap": "48"},
         warm_start_from="arithmetic", sft_epochs=2.0,
         # 60 steps of 32 prompts in every mode (fully_async: R = 16 x 2), enough to compare time and accuracy.
-        overrides=("data.max_response_length=56", "data.max_prompt_length=16", "trainer.total_steps=60",
+        overrides=("data.max_response_length=56", "data.max_prompt_length=8", "trainer.total_steps=60",
                    "trainer.test_freq=20"),
         mode_overrides={"fully_async": ("async_training.require_batches=2", "async_training.staleness_threshold=0.5",
                                         "async_training.partial_rollout=true")}),
