@@ -49,7 +49,7 @@ def test_a_scorer_killed_while_idle_between_steps_is_replaced_and_the_run_finish
     def step_then_kill_an_idle_scorer(number: int):
         result = original_step(number)   # the step's scoring is over: every scorer waits for the next batch
         if number == 1:
-            pid = runtime.reward.pids()[0]
+            pid = runtime.reward.executor.pids()[0]
             os.kill(pid, signal.SIGKILL)
             wait_until_dead(pid)
             killed.append(pid)
@@ -58,7 +58,7 @@ def test_a_scorer_killed_while_idle_between_steps_is_replaced_and_the_run_finish
     recipe.step = step_then_kill_an_idle_scorer
     try:
         summary = recipe.fit()
-        pids_after = runtime.reward.pids()
+        pids_after = runtime.reward.executor.pids()
     finally:
         runtime.close()
     assert summary["steps"] == NUM_STEPS and len(killed) == 1
