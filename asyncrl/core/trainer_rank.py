@@ -82,7 +82,7 @@ class TrainerRank:
     def join_weight_group(self, host: str, port: int, world_size: int, plan: TransferPlan, timeout_s: float) -> None:
         """Rank 0 joins the weight group as its sender (group rank 0); other ranks only help gather full
         tensors during a sync."""
-        names = [name for name, _ in self.worker.actor.model.named_parameters()]
+        names = self.worker.sync_tensor_names()
         if names != list(plan.names):
             raise RuntimeError(f"weight sync plan does not match the trainer's parameters ({len(plan.names)} vs "
                                f"{len(names)} tensors)")

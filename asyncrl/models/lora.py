@@ -160,6 +160,8 @@ def reset_adapters(model: nn.Module, spec: LoRASpec) -> None:
     with torch.no_grad():
         for module in adapter_layers(model):
             a = module.lora_A.weight
+            if a.is_meta:  # a model of shapes only (a transfer plan): nothing to fill
+                continue
             if spec.init == "gaussian":
                 values = torch.randn(tuple(a.shape), generator=generator) / spec.rank
             else:  # kaiming-uniform with a = sqrt(5), as nn.Linear and PEFT initialise

@@ -22,6 +22,8 @@ from torch import Tensor
 
 from asyncrl.config import AsyncRLConfig
 from asyncrl.engine import EngineConfig, GenerationRequest, GenerationResult, LLMEngine
+from asyncrl.models.adapted import load_policy
+from asyncrl.models.lora import lora_spec
 from asyncrl.remote import wait_for_all
 from asyncrl.rollout.backend import (PendingGeneration, RolloutBackend, RolloutError, RolloutHealth, WorkerOutput,
                                      spread)
@@ -34,7 +36,8 @@ class ColocatedEngine:
 
     def __init__(self, config: AsyncRLConfig, device: str):
         engine_config = EngineConfig.from_rollout(config.rollout, device=device, compile=config.model.compile)
-        self.engine = LLMEngine(config.model.path, engine_config)
+        self.engine = LLMEngine(load_policy(config.model.path, lora_spec(config), engine_config.model_dtype,
+                                            engine_config.torch_device), engine_config)
         self.release_cache()
 
     def generate(self, requests: list[GenerationRequest]) -> tuple[list[GenerationResult], float]:

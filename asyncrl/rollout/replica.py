@@ -23,6 +23,8 @@ import torch
 
 from asyncrl.config import AsyncRLConfig
 from asyncrl.engine import AsyncEngine, EngineConfig, GenerationRequest, GenerationResult, LLMEngine
+from asyncrl.models.adapted import load_policy
+from asyncrl.models.lora import lora_spec
 from asyncrl.rollout.weight_transport import TransferPlan, WeightReceiver, create_group
 
 
@@ -32,7 +34,8 @@ class RolloutReplica:
         self.index = index
         device = "cuda" if torch.cuda.is_available() and config.trainer.device != "cpu" else "cpu"
         engine_config = EngineConfig.from_rollout(config.rollout, device, compile=config.model.compile)
-        self.engine = AsyncEngine(LLMEngine(config.model.path, engine_config))
+        model = load_policy(config.model.path, lora_spec(config), engine_config.model_dtype, engine_config.torch_device)
+        self.engine = AsyncEngine(LLMEngine(model, engine_config))
         self.receiver: Optional[WeightReceiver] = None
         self.incarnation = uuid.uuid4().hex  # changes when Ray restarts this replica after a death
 

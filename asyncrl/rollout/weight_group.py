@@ -17,6 +17,7 @@ import torch
 
 from asyncrl.config import AsyncRLConfig
 from asyncrl.models import CausalLM, read_config
+from asyncrl.models.lora import add_adapters, is_adapter_name, lora_spec
 from asyncrl.remote import STILL_RUNNING, RemoteCallError, RemoteTimeoutError, settle, wait_for_all
 from asyncrl.rollout.registry import TrainerRanks
 from asyncrl.rollout.weight_transport import TransferPlan
@@ -29,11 +30,16 @@ SETTLE_GRACE_S = 5.0
 
 
 def transfer_plan(config: AsyncRLConfig, engine_dtype: torch.dtype) -> TransferPlan:
-    """The parameter list of the policy, from its config alone (a meta-device model: no weights)."""
+    """The parameter list of the policy, from its config alone (a meta-device model: no weights); with LoRA
+    only the adapters, which are all a sync moves."""
     model_config, _ = read_config(config.model.path)
+    spec = lora_spec(config)
     with torch.device("meta"):
         model = CausalLM(model_config)
-    named_shapes = [(name, tuple(parameter.shape)) for name, parameter in model.named_parameters()]
+        if spec is not None:
+            add_adapters(model, spec)
+    named_shapes = [(name, tuple(parameter.shape)) for name, parameter in model.named_parameters()
+                    if spec is None or is_adapter_name(name)]
     return TransferPlan.build(named_shapes, engine_dtype, config.weight_sync.bucket_mb << 20)
 
 

@@ -15,7 +15,9 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
     tensor of host time, hundreds of ms per step for a 0.5B model); on CPU the per-parameter loop keeps the
     update numerically identical for sharded and whole parameters (the FSDP equivalence tests rely on it)."""
     on_gpu = any(parameter.is_cuda for parameter in model.parameters())
-    return torch.optim.AdamW(model.parameters(), lr=config.lr, betas=tuple(config.betas), eps=config.eps,
+    # Frozen parameters (a LoRA policy's base weights) get neither a gradient nor optimizer state.
+    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    return torch.optim.AdamW(trainable, lr=config.lr, betas=tuple(config.betas), eps=config.eps,
                              weight_decay=config.weight_decay, **({"fused": True} if on_gpu else {"foreach": False}))
 
 

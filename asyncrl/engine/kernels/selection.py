@@ -34,6 +34,7 @@ from asyncrl.engine.kv_cache import KVCache
 from asyncrl.engine.sampler import FusedSampleKernel, Sampler
 from asyncrl.models.attention import avoid_per_shape_attention_plans
 from asyncrl.models.compile import compile_decoder_layers
+from asyncrl.models.lora import has_adapters
 from asyncrl.models.transformer import CausalLM
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,11 @@ def load_fused_layers(model: CausalLM, config: EngineConfig, decode_attention: s
     raises where they cannot run, "auto" logs why and runs the model's layers (also where their launches would
     take more than one wave of the device's SMs, where they are slower)."""
     if config.decode_products == "torch" or not config.is_cuda or config.model_dtype != torch.bfloat16:
+        return None
+    if has_adapters(model):  # the fused products multiply the stacked base weights only
+        if config.decode_products == "fused":
+            raise RuntimeError("engine.decode_products='fused' cannot run LoRA adapters; use 'auto' or 'torch'")
+        logger.info("engine.decode_products='auto' runs the model's layers: the model has LoRA adapters")
         return None
     if config.decode_products == "auto":
         reason = fused_decode.slower_reason(model.config, max_rows, num_processors)
