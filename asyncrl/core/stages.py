@@ -145,8 +145,6 @@ class PPOCore:
         if self.agent is not None:
             trajectories = job.pending.trajectories   # an AgentGeneration: one trajectory per request
             samples = [replace(sample, trajectory=trajectory) for sample, trajectory in zip(samples, trajectories)]
-            for name, start, end in tool_spans(trajectories):
-                self.timeline.add_span("tools", name, start, end)
         return with_greedy_results(samples, results[num_sampled:]) if job.with_greedy else samples
 
     def compute_reward(self, samples: Sequence[Sample], metrics: dict[str, float],
@@ -188,6 +186,8 @@ class PPOCore:
         metrics.update(sample_metrics(batch, [sample.result.finish_reason for sample in samples], self.version))
         trajectories = [sample.trajectory for sample in samples if sample.trajectory is not None]
         metrics.update(agent_metrics(trajectories))   # multi-turn: turns, tool calls, tokens by source; every mode
+        for name, start, end in tool_spans(trajectories):
+            self.timeline.add_span("tools", name, start, end)
         metrics["param_version"] = float(self.version)
         return batch
 
