@@ -72,7 +72,8 @@ def chat_prompt_ids(served: ServedModel, request: ChatCompletionRequest) -> list
     if not served.tokenizer.chat_template:
         raise APIError(400, f"the served tokenizer ({served.folder}) has no chat template; send the rendered prompt "
                             f"to /v1/completions", param="messages")
-    tools = [tool.model_dump() for tool in request.tools] if request.tools else None
+    # Fields the client left out stay out: the template renders the schema as the client wrote it.
+    tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None
     try:
         text = served.tokenizer.apply_chat_template(template_messages(request.messages), tools=tools,
                                                     add_generation_prompt=True, tokenize=False)

@@ -29,7 +29,7 @@ def tool_model(tmp_path_factory) -> Path:
              "reward_model": {"ground_truth": TOOL_CALL}} for index in range(32)]
     data = root / "tool_calls.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return run_sft(model, [str(data)], root / "sft", SFTSettings(epochs=60, batch_size=16, lr=1e-2, seed=0,
+    return run_sft(model, [str(data)], root / "sft", SFTSettings(epochs=80, batch_size=16, lr=1e-2, seed=0,
                                                                   warmup_steps=5))
 
 
