@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.rollout.agent import ParsedTurn, ToolCall
-from asyncrl.rollout.tools import TOOLS, SandboxLimits, ToolExecutor, run_python
+from asyncrl.rollout.tools import TOOLS, SandboxLimits, ToolExecutor, run_python, sandbox
 
 LIMITS = {"wall_s": 4, "cpu_s": 3, "memory_mb": 256, "max_output_bytes": 4096}
 ESCAPE = Path("/tmp/asyncrl_sandbox_escape_test.txt")
@@ -80,3 +80,11 @@ def test_each_run_has_its_own_directory_removed_afterwards():
 def test_limits_must_be_positive(limit):
     with pytest.raises(ValueError, match=limit):
         SandboxLimits(**{limit: 0})
+
+
+def test_without_a_network_namespace_the_audit_hook_still_refuses_the_network(monkeypatch):
+    monkeypatch.setattr(sandbox, "network_namespace_prefix", lambda: ())
+    run = asyncio.run(run_python("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)",
+                                 SandboxLimits(**LIMITS)))
+    assert not run.network_isolated and run.exit_code == 1
+    assert "network access is not allowed" in run.stderr
