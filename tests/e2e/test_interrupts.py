@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,20 @@ def start(config_path: Path, log_path: Path) -> subprocess.Popen:
     with log_path.open("w") as log:
         return subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "train", str(config_path)], env=env,
                                 stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+
+
+def scorer_pids(log: str) -> list[int]:
+    """The driver's scoring processes, from the run's start-up line `processes: ..., reward/scorer0 pid N, ...`."""
+    line = next(line for line in log.splitlines() if "processes: " in line)
+    return [int(pid) for pid in re.findall(r"reward/scorer\d+ pid (\d+)", line)]
+
+
+def is_gone(pid: int) -> bool:
+    """Exited (a zombie not reaped yet counts: it runs nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
 
 
 def interrupt_after_a_new_step(process: subprocess.Popen, output: Path, log_path: Path, after: int) -> str:
@@ -70,6 +85,8 @@ def test_ctrl_c_to_the_process_group_saves_and_exits_0_five_times_then_the_epoch
         assert process.returncode == 0, (attempt, process.returncode, log[-3000:])
         assert "stopped by SIGINT after" in stdout, (stdout, log[-3000:])
         assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
+        scorers = scorer_pids(log)
+        assert len(scorers) == 2 and all(is_gone(pid) for pid in scorers)   # logged at start, closed at the end
         step = int(stdout.split("stopped by SIGINT after ")[1].split()[0])
         assert stopped_at[-1] < step < NUM_STEPS, (stopped_at, step)
         assert (output / "checkpoints" / f"step_{step}" / "driver.json").is_file()  # save_freq=-1: the stop saved it
