@@ -27,11 +27,16 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.tensor import DTensor
 
 from asyncrl.train.parallel import rank
+
+# Frozen parameters (a LoRA policy's base weights) are the model folder's, never trained: a checkpoint holds the
+# trainable ones (the adapters) and a resume reloads the base from the folder.
+TRAINABLE = StateDictOptions(ignore_frozen_params=True)
+TRAINABLE_LOAD = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 Component = tuple[nn.Module, Optional[torch.optim.Optimizer], Optional[torch.optim.lr_scheduler.LRScheduler]]
 
@@ -50,7 +55,7 @@ class CheckpointFormatError(ValueError):
 def sharded_state(components: dict[str, Component]) -> dict[str, Any]:
     state: dict[str, Any] = {}
     for name, (model, optimizer, _) in components.items():
-        state[f"{name}.model"] = get_model_state_dict(model)
+        state[f"{name}.model"] = get_model_state_dict(model, options=TRAINABLE)
         if optimizer is not None:
             with gradients_aside(model):
                 state[f"{name}.optimizer"] = get_optimizer_state_dict(model, optimizer)
@@ -117,7 +122,7 @@ def load_trainer_state(folder: str | Path, components: dict[str, Component]) -> 
         raise CheckpointFormatError(f"trainer checkpoint file {tensors_path} is not a readable safetensors file: "
                                     f"{error}") from error
     for name, (model, optimizer, _) in components.items():
-        set_model_state_dict(model, local["sharded"][f"{name}.model"])
+        set_model_state_dict(model, local["sharded"][f"{name}.model"], options=TRAINABLE_LOAD)
         if optimizer is not None:
             with gradients_aside(model):
                 set_optimizer_state_dict(model, optimizer, local["sharded"][f"{name}.optimizer"])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from safetensors import safe_open
 
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from asyncrl.models import build_tiny_model, load_model
@@ -162,3 +163,18 @@ def test_engine_with_synced_adapters_equals_the_trainer_and_the_export_loads(mod
         assert (merged(input_ids=input_ids).logits - expected).abs().max() <= 1e-4
         untrained = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         assert (untrained(input_ids=input_ids).logits - expected).abs().max() > 1e-3
+
+
+def checkpoint_files(rank, world_size, port, model_path, folder):
+    worker = worker_for(model_path, port)
+    worker.save_checkpoint(folder)
+    return None
+
+
+def test_a_lora_checkpoint_holds_the_adapters_not_the_base(model_path, tmp_path):
+    run_in_processes(checkpoint_files, 1, model_path, tmp_path / "ckpt")
+    with safe_open(str(tmp_path / "ckpt" / "rank_0.safetensors"), framework="pt") as handle:
+        names = list(handle.keys())
+    assert any("lora_A" in name for name in names)
+    # Neither the frozen base weights nor optimizer state for them: the base comes from model.path on resume.
+    assert not any("embed_tokens" in name or name.endswith("q_proj.weight") for name in names), names[:5]
