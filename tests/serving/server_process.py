@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-START_TIMEOUT_S = 120.0   # importing torch, Ray and the engine on two busy cores
+START_TIMEOUT_S = 300.0   # importing torch, transformers, Ray and the engine on two busy cores
 
 
 def free_port() -> int:
