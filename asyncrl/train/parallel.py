@@ -1,7 +1,10 @@
 """Data parallelism for trainer workers: the process group, FSDP2 sharding, and gathers of full tensors.
 
 Every trainer worker calls `init_process_group` once (gloo on CPU, NCCL on GPU; a group of one process
-too, so a single worker runs the same sharded code path as many), then `shard_model` on each model.
+too), then `shard_model` on each model. FSDP wraps a model when it has work to do: shards to split over
+ranks, or a compute dtype to cast the fp32 masters to. One rank computing in the masters' own dtype (the CPU
+default) trains the plain module: the same update, loss and optimizer code, which every helper here accepts
+either way (`local_shard`, `full_tensor`, `is_unsharded`).
 `iter_full_tensors` is a collective: every rank must iterate it in the same order; each step all-gathers
 one parameter, so no rank ever holds more than one full parameter beyond its shard. `iter_unit_tensors`
 is the fast path of weight sync: one all-gather per FSDP unit (a decoder layer, or the root's own
@@ -59,8 +62,11 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | N
     """FSDP2: each decoder layer is its own unit (gathered just before it runs), then the root.
 
     `param_dtype` (e.g. bf16) is the compute dtype of mixed precision; master weights and gradient
-    reduction stay fp32. None computes in the parameters' own dtype.
+    reduction stay fp32. None computes in the parameters' own dtype. On one rank without a compute dtype
+    the model is returned as it is (`needs_fsdp`).
     """
+    if not needs_fsdp(mesh.size(), param_dtype):
+        return model
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else \
         MixedPrecisionPolicy()
     # One rank: a layer keeps its gathered (compute-dtype) copy from forward to backward, which then skips a
@@ -72,6 +78,15 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | N
             layer.register_forward_hook(reshard_without_grad)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def needs_fsdp(world_size: int, param_dtype: torch.dtype | None) -> bool:
+    """Whether FSDP has anything to do: shards to split over several ranks, or a compute dtype to cast to. On
+    one rank in the masters' own dtype it would only add work: every forward copies each unit's parameters
+    into gathered buffers and every backward copies the gradients back, with per-parameter DTensor
+    bookkeeping around each (a 2.9M-parameter policy's CPU update of 128 x 72 tokens: 5% more CPU time, its
+    AdamW step 24 ms instead of 14 ms, for bitwise the same weights)."""
+    return world_size > 1 or param_dtype is not None
 
 
 def reshard_without_grad(layer: FSDPModule, inputs: object, output: object) -> None:

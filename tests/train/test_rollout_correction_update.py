@@ -12,6 +12,7 @@ from asyncrl.config import AsyncRLConfig
 from asyncrl.core.advantage import rollout_correction
 from asyncrl.models import build_tiny_model
 from asyncrl.train import PolicyUpdateSpec, TrainBatch, TrainerWorker
+from asyncrl.train.parallel import full_tensor
 
 from .helpers import make_batch, run_in_processes, trainer_config
 
@@ -45,7 +46,7 @@ def update_gradient(worker: TrainerWorker, config: AsyncRLConfig, batch: TrainBa
 
     def read(optimizer, args, kwargs) -> None:
         for name, parameter in worker.actor.model.named_parameters():
-            gradient[name] = parameter.grad.full_tensor().detach().clone().numpy()
+            gradient[name] = full_tensor(parameter.grad).detach().clone().numpy()
 
     handle = worker.actor.optimizer.register_step_pre_hook(read)
     try:

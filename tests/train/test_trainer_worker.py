@@ -6,13 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from asyncrl.models import build_tiny_model, load_model
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch, TrainerWorker, shard_batch
 from asyncrl.train.forward import dense_positions, response_token_index
 from asyncrl.train.metric_sums import MetricSums
-from asyncrl.train.parallel import clip_gradients, defer_gradient_reduction, reshard_all
+from asyncrl.train.parallel import clip_gradients, defer_gradient_reduction, full_tensor, reshard_all
 
 from .helpers import make_batch, run_in_processes, trainer_config
 
@@ -33,7 +34,7 @@ def train_shard(rank, world_size, port, model_path, overrides, num_updates):
     for _ in range(num_updates):
         actor_metrics = worker.update_actor(shards[rank], spec)
         critic_metrics = worker.update_critic(shards[rank], critic_spec)
-    critic_weights = {name: tensor.full_tensor().detach().numpy() for name, tensor in worker.critic.model.state_dict().items()}
+    critic_weights = {name: full_tensor(tensor).detach().numpy() for name, tensor in worker.critic.model.state_dict().items()}
     return worker.policy_state_numpy(), critic_weights, actor_metrics, critic_metrics
 
 
@@ -229,8 +230,9 @@ def test_snapshot_swap_computes_with_the_snapshot_and_restores_every_live_weight
 
 
 def deferred_and_direct_gradients(rank, world_size, port, model_path):
-    """Two micro-batches' gradients on one rank: reduced after each backward, and deferred to the last."""
-    worker = single_worker(model_path, port)
+    """Two micro-batches' gradients on one rank: reduced after each backward, and deferred to the last. In bf16
+    compute, where one rank still has FSDP (its casts); in the masters' dtype one rank trains the plain module."""
+    worker = single_worker(model_path, port, "model.dtype=bfloat16")
     model, batch = worker.actor.model, make_batch(seed=2)
     spec = PolicyUpdateSpec.from_config(worker.config, batch.num_rows, step=0)
     halves = [batch.select(torch.arange(0, 6)), batch.select(torch.arange(6, 12))]
@@ -245,7 +247,7 @@ def deferred_and_direct_gradients(rank, world_size, port, model_path):
             if index == 0:
                 # Sharded masters (DTensors) holding a reduced gradient; a deferring unit stays gathered.
                 grads_after_first = sum(isinstance(p, DTensor) and p.grad is not None for p in model.parameters())
-        results.append((grads_after_first, {name: p.grad.full_tensor().clone().numpy() for name, p in model.named_parameters()}))
+        results.append((grads_after_first, {name: full_tensor(p.grad).clone().numpy() for name, p in model.named_parameters()}))
     return results
 
 
@@ -267,10 +269,26 @@ def clipped_gradients(rank, world_size, port, model_path, max_norm):
     spec = PolicyUpdateSpec.from_config(worker.config, batch.num_rows, step=0)
     token_index = response_token_index(batch.response_mask)
     worker.actor.micro_batch_loss(batch, token_index, spec, 40.0, 12.0, MetricSums()).backward()
-    before = {name: p.grad.full_tensor().clone().numpy() for name, p in model.named_parameters()}
+    before = {name: full_tensor(p.grad).clone().numpy() for name, p in model.named_parameters()}
     norm = float(clip_gradients(model, max_norm))
-    after = {name: p.grad.full_tensor().clone().numpy() for name, p in model.named_parameters()}
+    after = {name: full_tensor(p.grad).clone().numpy() for name, p in model.named_parameters()}
     return before, norm, after
+
+
+def policy_wrapping(rank, world_size, port, model_path, dtype):
+    worker = TrainerWorker(trainer_config(model_path, f"model.dtype={dtype}"), rank, world_size, "127.0.0.1", port,
+                           total_training_steps=10)
+    model = worker.actor.model
+    return isinstance(model, FSDPModule), any(isinstance(p, DTensor) for p in model.parameters())
+
+
+@pytest.mark.parametrize("world_size, dtype, wrapped", [(1, "float32", False), (1, "bfloat16", True),
+                                                        (2, "float32", True)])
+def test_fsdp_wraps_the_policy_only_where_it_shards_or_casts(model_path, world_size, dtype, wrapped):
+    """One rank in the masters' own dtype (the CPU default) trains the plain module: FSDP would only copy the
+    parameters into gathered buffers and back; two ranks shard, and bf16 compute needs FSDP's casts."""
+    for is_fsdp, has_dtensors in run_in_processes(policy_wrapping, world_size, model_path, dtype):
+        assert (is_fsdp, has_dtensors) == (wrapped, wrapped)
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
