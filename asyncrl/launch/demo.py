@@ -171,6 +171,10 @@ def run_demo(output_dir: str | Path, mode: str = DEFAULT_MODE, overrides: list[s
         f"trainer.output_dir={run_dir}", f"trainer.mode={mode}", *demo.run_overrides(mode),
         *(overrides or [])])
     summary = train(config)
+    if "stopped_by" in summary:  # no final validation to report; the run resumes from its checkpoint
+        print(f"\n[demo] stopped by {summary['stopped_by']} after {summary['steps']} steps; outputs: "
+              f"{summary['output_dir']}")
+        return summary
     before = summary["initial_validation"].get("val/score/mean", float("nan"))
     after = summary["final_validation"].get("val/score/mean", float("nan"))
     print(f"\n[demo] validation accuracy: {before:.1%} after SFT -> {after:.1%} after GRPO "
