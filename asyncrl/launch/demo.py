@@ -171,7 +171,7 @@ def run_demo(output_dir: str | Path, mode: str = DEFAULT_MODE, overrides: list[s
         f"trainer.output_dir={run_dir}", f"trainer.mode={mode}", *demo.run_overrides(mode),
         *(overrides or [])])
     summary = train(config)
-    if "stopped_by" in summary:  # no final validation to report; the run resumes from its checkpoint
+    if "stopped_by" in summary:  # a signal ended it early: there is no final validation to report
         print(f"\n[demo] stopped by {summary['stopped_by']} after {summary['steps']} steps; outputs: "
               f"{summary['output_dir']}")
         return summary
