@@ -1,7 +1,7 @@
 """`asyncrl demo`: the main job on the embedded default, end to end on a laptop CPU.
 
     asyncrl demo                                   # 2-digit sums, sync mode
-    asyncrl demo --task longtail --mode fully_async  # long-tailed response lengths: where async pays off
+    asyncrl demo --task longtail --mode fully_async  # long-tailed response lengths: the async modes' workload
     asyncrl demo --setup-only                      # only the data and the warm-started model, for your own job
 
 1. writes the task (2-digit addition) as parquet in verl's schema, with warm-start answers from a "sloppy
