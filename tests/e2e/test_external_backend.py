@@ -24,8 +24,8 @@ from asyncrl.rollout.external_weights import folder_checksum
 from asyncrl.telemetry import read_metrics
 from tests.serving.server_process import start_server
 
-NUM_STEPS = 8
-KILL_AFTER_STEP = 3
+NUM_STEPS = 12
+KILL_AFTER_STEP = 4
 
 
 def last_step(output_dir: Path) -> int:
