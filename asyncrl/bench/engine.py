@@ -3,10 +3,12 @@
     asyncrl bench engine --model qwen2.5-0.5b --num-requests 256 --prompt-lengths 128:1024 \
         --output-lengths 1024 --compare-transformers          # docs/benchmarks.md's workload
     python -m asyncrl.bench.engine --model qwen2.5-0.5b --output-lengths lognormal:256:2048 --output engine.jsonl
+    asyncrl bench engine --model cpu-3m --device cpu --num-requests 128 --prompt-lengths 8 --output-lengths 64 \
+        --compare-transformers                                # the CPU engine step (~1 min on 2 cores)
     result = run_engine_benchmark("qwen2.5-0.5b", num_requests=256, output_lengths="512")
 
-`--model` is an HF folder or "qwen2.5-0.5b" / "qwen2.5-1.5b": a random-weight model of that shape built
-from a config (no download). Every request has its own token budget (`max_new_tokens`, `ignore_eos`), so
+`--model` is an HF folder or "qwen2.5-0.5b" / "qwen2.5-1.5b" / "cpu-3m" (the TRL side by side's 2.9M-parameter
+CPU model, character vocabulary): a random-weight model of that shape built from a config (no download). Every request has its own token budget (`max_new_tokens`, `ignore_eos`), so
 output lengths follow the chosen distribution: "256" (fixed), "64:512" (uniform), "lognormal:256:4096[:1.0]"
 (median 256, capped at 4096, sigma 1.0: a long tail like RL responses).
 
@@ -36,7 +38,7 @@ import transformers
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from asyncrl.engine.config import DECODE_ATTENTION_KERNELS, DECODE_PRODUCTS
 from asyncrl.engine.kv_cache import bytes_per_block
-from asyncrl.bench.models import QWEN2_SHAPES, qwen2_config, random_model
+from asyncrl.bench.models import BENCH_MODEL_NAMES, qwen2_config, random_model
 from asyncrl.bench.results import append_result, default_output
 from asyncrl.core.lengths import LengthDistribution
 from asyncrl.models import CausalLM, TransformerConfig, iter_named_tensors, load_model
@@ -206,7 +208,7 @@ def benchmark_model(model: str | Path | TransformerConfig, dtype: torch.dtype, d
     a Qwen2.5 size name or a TransformerConfig."""
     if isinstance(model, TransformerConfig):
         return random_model(model, dtype, device, seed), f"random {model.model_type}", None
-    if str(model) in QWEN2_SHAPES:
+    if str(model) in BENCH_MODEL_NAMES:
         return random_model(qwen2_config(str(model)), dtype, device, seed), f"{model} (random weights)", None
     folder = Path(model)
     return load_model(folder, dtype=dtype, device=device), folder.name, folder
@@ -304,7 +306,7 @@ def _format(value) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`asyncrl bench engine` / `python -m asyncrl.bench.engine`; see the module docstring."""
     parser = argparse.ArgumentParser(prog="asyncrl bench engine", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="qwen2.5-0.5b", help="HF folder, qwen2.5-0.5b or qwen2.5-1.5b")
+    parser.add_argument("--model", default="qwen2.5-0.5b", help="HF folder, qwen2.5-0.5b, qwen2.5-1.5b or cpu-3m")
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--prompt-lengths", default="128", help="'N' or 'LOW:HIGH'")
     parser.add_argument("--output-lengths", default="512", help="'N', 'LOW:HIGH' or 'lognormal:MEDIAN:CAP[:SIGMA]'")

@@ -4,6 +4,8 @@
         --num-micro-batches 8 [--gradient-checkpointing] [--world-size 2] [--output trainer.jsonl]
     python -m asyncrl.bench.trainer --model tiny-test --micro-tokens 128 --seq-len 64 --num-micro-batches 2 \
         --device cpu --world-size 2                                    # smoke test on CPU (gloo)
+    asyncrl bench trainer --model cpu-3m --device cpu --micro-tokens 1152 --seq-len 72 --num-micro-batches 8 \
+        --num-updates 4                 # the CPU trainer step: the TRL side by side's update (~1 min on 2 cores)
 
 `world-size` trainer ranks (the same `TrainerWorker` a run uses, FSDP2 over the ranks, bf16 compute with
 fp32 master weights) run `update_actor` on synthetic rows of `seq-len` tokens (an eighth of them prompt).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 import time
 from dataclasses import dataclass
@@ -88,7 +91,10 @@ def synthetic_batch(num_rows: int, seq_len: int, vocab_size: int) -> TrainBatch:
     batch = TrainBatch.from_sequences(ids[:, :prompt_len].tolist(), ids[:, prompt_len:].tolist(),
                                       list(range(num_rows)))
     advantages = torch.randn(num_rows, 1, generator=generator) * batch.response_mask
-    return batch.replace(advantages=advantages, old_log_probs=torch.full_like(advantages, -11.0) * batch.response_mask)
+    # A random model's log-prob of any token is about -log(V): old log-probs there keep the PPO ratios near 1, so
+    # the clip leaves the gradient (and its norm, a check that the update ran) in place whatever the vocabulary.
+    old_log_probs = torch.full_like(advantages, -math.log(vocab_size)) * batch.response_mask
+    return batch.replace(advantages=advantages, old_log_probs=old_log_probs)
 
 
 def bench_config(folder: str | Path, bench: TrainerBench) -> AsyncRLConfig:
@@ -186,7 +192,8 @@ def bench_result(bench: TrainerBench, ranks: list[dict[str, Any]], peak_flops: f
         "gradient_checkpointing": bench.gradient_checkpointing, "cuda_graphs": bench.cuda_graphs,
         "seconds_per_update": seconds,
         "tokens_per_s": num_tokens / seconds, "tflops": flops / seconds / 1e12,
-        "mfu": flops / seconds / (peak_flops * bench.world_size),
+        # A GPU's datasheet peak: no yardstick for a CPU, whose figure is its TFLOP/s alone.
+        "mfu": flops / seconds / (peak_flops * bench.world_size) if bench.device == "cuda" else None,
         "peak_memory_gib": None if None in peaks else max(peaks), "peak_memory_gib_per_rank": peaks,
         "metrics": ranks[0]["metrics"], "device": ranks[0]["device"], "torch": torch.__version__,
     }

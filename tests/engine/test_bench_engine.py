@@ -10,7 +10,7 @@ import torch
 
 from asyncrl.bench.engine import LengthDistribution, main, make_workload, run_engine_benchmark, warm_up_requests
 from asyncrl.bench.models import qwen2_config
-from asyncrl.models import CausalLM
+from asyncrl.models import CausalLM, char_vocab_size
 
 
 @pytest.mark.parametrize("name,num_parameters", [("qwen2.5-0.5b", 494_032_768), ("qwen2.5-1.5b", 1_543_714_304)])
@@ -18,6 +18,15 @@ def test_qwen2_configs_have_the_published_parameter_counts(name, num_parameters)
     with torch.device("meta"):
         model = CausalLM(qwen2_config(name))
     assert sum(parameter.numel() for parameter in model.parameters()) == num_parameters
+
+
+def test_the_cpu_model_is_the_side_by_sides_shape_with_the_character_vocabulary():
+    config = qwen2_config("cpu-3m")
+    with torch.device("meta"):
+        model = CausalLM(config)
+    per_layer = (256 * 256 + 256) + 2 * (256 * 128 + 128) + 256 * 256 + 3 * 256 * 688 + 2 * 256  # q, k, v, o, MLP, norms
+    assert config.vocab_size == char_vocab_size()
+    assert sum(parameter.numel() for parameter in model.parameters()) == 4 * per_layer + config.vocab_size * 256 + 256
 
 
 def test_length_distributions():
