@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import string
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
