@@ -19,12 +19,12 @@
 
 from asyncrl.rollout.backend import PendingGeneration, RolloutBackend, RolloutError, RolloutHealth, WorkerOutput
 from asyncrl.rollout.colocated import ColocatedRollout
-from asyncrl.rollout.external import ExternalRollout
 from asyncrl.rollout.gate import BusyClock, RequestGate
 from asyncrl.rollout.hosted import HostedRollout, RolloutHost
 from asyncrl.rollout.registry import (ROLLOUT_BACKENDS, RolloutBackendSpec, RolloutContext, TrainerRanks,
                                       resolve_backend)
 from asyncrl.rollout.replica_set import ReplicaSet
+from asyncrl.rollout.external import ExternalRollout  # registered after the in-process backends: the order listed
 
 __all__ = [
     "BusyClock",
