@@ -86,8 +86,8 @@ class CheckpointManager:
 
     @staticmethod
     def check(folder: Path) -> Optional[str]:
-        """What is wrong with a checkpoint folder, or None when it is intact: sizes first (cheap), then every
-        file's SHA-256, then files the manifest does not list (nothing but the run writes into a checkpoint)."""
+        """What is wrong with a checkpoint folder, or None when it is intact: sizes and files the manifest does
+        not list first (cheap; nothing but the run writes into a checkpoint), then every file's SHA-256."""
         try:
             manifest = json.loads((folder / DRIVER_FILE).read_text())["manifest"]
         except (OSError, ValueError, KeyError, TypeError) as error:
@@ -100,13 +100,13 @@ class CheckpointManager:
                 return f"{name} is missing"
             if path.stat().st_size != entry["size"]:
                 return f"{name} has {path.stat().st_size} bytes, {entry['size']} were written (truncated?)"
-        for name, entry in manifest.items():
-            if file_sha256(folder / name) != entry["sha256"]:
-                return f"{name} does not match its SHA-256 in {DRIVER_FILE} (altered or corrupted on disk)"
         unlisted = sorted(str(path.relative_to(folder)) for path in folder.rglob("*")
                           if path.is_file() and path.name != DRIVER_FILE and str(path.relative_to(folder)) not in manifest)
         if unlisted:
             return f"{unlisted[0]} was not written with the checkpoint (not in {DRIVER_FILE}'s manifest)"
+        for name, entry in manifest.items():
+            if file_sha256(folder / name) != entry["sha256"]:
+                return f"{name} does not match its SHA-256 in {DRIVER_FILE} (altered or corrupted on disk)"
         return None
 
     @staticmethod
