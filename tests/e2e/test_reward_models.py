@@ -64,9 +64,13 @@ def test_a_reward_model_alone_teaches_shorter_answers(make_config, ray_session, 
     assert [row["score"] for row in rows] == pytest.approx([result.score for result in expected], abs=1e-4)
     early, late = early_and_late(steps, lambda row: num_digits(row["response"]))
     assert late <= early - 0.3, (early, late)
-    metrics = [row for row in read_metrics(f"{config.trainer.output_dir}/metrics.jsonl")
-               if "reward/model_errors" in row]
-    assert metrics and all(row["reward/model_errors"] == 0 and row["reward/model_timeouts"] == 0 for row in metrics)
+    metrics = read_metrics(f"{config.trainer.output_dir}/metrics.jsonl")
+    counted = [row for row in metrics if "reward/model_errors" in row]  # the rollouter's counters, at each sync
+    assert counted and all(row["reward/model_errors"] == 0 and row["reward/model_timeouts"] == 0 for row in counted)
+    trained = [row for row in metrics if "critic/score/mean" in row]
+    assert len(trained) == 8 and all("reward/rule/mean" in row for row in trained)
+    # model_only with weight 1: the trained score is the model's.
+    assert [row["reward/model/mean"] for row in trained] == pytest.approx([row["critic/score/mean"] for row in trained])
 
 
 def test_a_generative_judge_alone_teaches_its_preference(make_config, ray_session, tmp_path):

@@ -26,6 +26,7 @@ import ray
 from asyncrl.config import AsyncRLConfig, prompts_per_step
 from asyncrl.core import Runtime
 from asyncrl.core.records import Sample
+from asyncrl.core.training_reward import extra_means
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.recipes.fully_async.metrics import VersionMetrics, sample_version_metrics
 from asyncrl.recipes.fully_async.rollouter import RolloutActor
@@ -146,6 +147,9 @@ class FullyAsyncRecipe:
                    for index, group in enumerate(self.next_groups) for sample in group]
         self.local_step += 1
         self.core.train(samples, step, metrics, anchor="last_sync")
+        # The rollouter scores in batches of its own: the reward extras' means (a reward function's dict extras,
+        # a reward model's `rule` and `model`) are taken here, over the samples this step trains.
+        metrics.update(extra_means(samples))
         self.record_samples(samples, metrics)
         self.version_metrics.add(step, metrics)
         return metrics, samples
