@@ -91,3 +91,47 @@ def test_two_servers_train_the_demo_task_and_the_run_survives_one_killed(make_co
     finally:
         for server in servers:
             server.stop()
+
+
+def test_fully_async_with_partial_rollout_trains_against_two_servers_and_survives_one_killed(make_config, ray_session,
+                                                                                             warm_policy, tmp_path):
+    """The rollouter streams groups to the servers and syncs after every step (each sync aborts the requests in
+    flight, POST /abort_request, and resumes them on the new weights); the servers stamp each token with the
+    version they reloaded, so the steps' tokens carry several versions."""
+    servers = [start_server(warm_policy["model"], log_dir=tmp_path) for _ in range(2)]
+    try:
+        for server in servers:
+            server.wait_ready()
+        survivor, victim = servers
+        config = make_config(
+            "trainer.mode=fully_async", "rollout.n_gpus_per_node=1", "rollout.backend=external",
+            f"rollout.external.urls=[{survivor.base_url},{victim.base_url}]", "rollout.external.verify_weights=true",
+            "rollout.external.timeout_s=60", "async_training.trigger_parameter_sync_step=1",
+            "async_training.staleness_threshold=0.5", "async_training.partial_rollout=true", "trainer.total_steps=5",
+            "trainer.dump_rollouts=true", "trainer.test_freq=-1", "data.train_batch_size=16",
+            "actor.ppo_mini_batch_size=16", output="fully_async")
+        output = Path(config.trainer.output_dir)
+        killer = threading.Thread(target=lambda: (wait_for_step(output, 2), victim.kill()), daemon=True)
+        killer.start()
+        summary = train(config)
+        killer.join(timeout=5)
+
+        assert victim.process.returncode is not None and summary["steps"] == 5
+        rows = [row for row in read_metrics(output / "metrics.jsonl") if "critic/score/mean" in row]
+        assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
+        assert rows[-1]["faults/replica_failures"] == 1.0
+        versions = [json.loads(line)["versions"] for step in range(1, 6)
+                    for line in (output / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
+        assert len({version for sample in versions for version in sample}) >= 3
+        checksum = httpx.get(survivor.base_url + "/weights_checksum", timeout=30).json()
+        assert checksum["weight_version"] == summary["param_version"]
+        assert checksum["sha256"] == folder_checksum(output / "policy", torch.float32)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def wait_for_step(output: Path, step: int, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while last_step(output) < step and time.monotonic() < deadline:
+        time.sleep(0.2)
