@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -38,3 +40,13 @@ def test_serve_on_a_missing_folder_prints_one_line(tmp_path, capsys):
     assert main(["serve", str(tmp_path / "nowhere"), "--device", "cpu"]) == 2
     assert capsys.readouterr().err.strip() == (f"error: asyncrl serve {tmp_path / 'nowhere'}: model folder "
                                                f"{tmp_path / 'nowhere'} does not exist")
+
+
+def test_listening_beyond_loopback_without_a_key_warns(tmp_path, caplog, monkeypatch):
+    monkeypatch.delenv("ASYNCRL_API_KEY", raising=False)
+    with caplog.at_level(logging.WARNING, logger="asyncrl.serving.cli"):
+        main(["serve", str(tmp_path / "nowhere"), "--host", "0.0.0.0", "--device", "cpu"])
+        main(["serve", str(tmp_path / "nowhere"), "--host", "0.0.0.0", "--api-key", "k", "--device", "cpu"])
+        main(["serve", str(tmp_path / "nowhere"), "--host", "::1", "--device", "cpu"])
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith("listening on 0.0.0.0 without an API key")
