@@ -121,7 +121,8 @@ def build_app(served: ServedModel, settings: ServerSettings = ServerSettings(),
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        message = f"no route {request.method} {request.url.path}" if error.status_code in (404, 405) else str(error.detail)
+        is_unknown_route = error.status_code in (404, 405)
+        message = f"no route {request.method} {request.url.path}" if is_unknown_route else str(error.detail)
         return JSONResponse(error_body(error.status_code, message), status_code=error.status_code)
 
     def check_model(request: SamplingFields) -> None:

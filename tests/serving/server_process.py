@@ -53,7 +53,8 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
-        raise TimeoutError(f"asyncrl serve on port {self.port} not ready within {timeout_s:.0f}s:\n{self.log()[-3000:]}")
+        raise TimeoutError(f"asyncrl serve on port {self.port} not ready within {timeout_s:.0f}s:\n"
+                           f"{self.log()[-3000:]}")
 
     def kill(self) -> None:
         """SIGKILL: the server dies mid-whatever, as a crashed machine would."""
