@@ -5,7 +5,8 @@
 - a trainer rank killed: the run stops with one clear line naming it; resuming finishes the epoch with
   every prompt once;
 - SIGTERM mid-run: a checkpoint is saved and the process exits cleanly; resuming finishes the run;
-- a truncated checkpoint is detected and skipped with a message; the one before it is used;
+- a truncated checkpoint, and one altered without a change of size, are detected and skipped with a message
+  naming the file; the newest good one is used; a planted pickle is never loaded;
 - a checkpoint from an incompatible config is refused, listing the differing keys;
 - a pipeline that stops producing samples is reported by the watchdog with every component's state;
 - a trainer port taken between its probe and its bind is retried on a fresh port.
@@ -174,20 +175,37 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly_then_resume_finishes(make_
 
 def test_truncated_checkpoint_is_skipped_and_an_incompatible_one_refused(make_config, epoch_file, ray_session,
                                                                        caplog):
+    """Step 3's trainer shard is truncated (a crash mid-write) and step 2's altered without changing its size (a
+    bad disk): both are skipped naming the file, and the run resumes from step 1. A pickle planted in a
+    checkpoint is never loaded: that checkpoint is skipped naming the file, and the payload does not run."""
     first = epoch_config(make_config, epoch_file, "trainer.save_freq=1", "trainer.total_steps=3")
     train(first)
     output = Path(first.trainer.output_dir)
-    shard = next((output / "checkpoints" / "step_3" / "trainer" / "shards").glob("*.distcp"))
-    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # a crash mid-write
+    truncated = output / "checkpoints" / "step_3" / "trainer" / "rank_0.safetensors"
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    altered = output / "checkpoints" / "step_2" / "trainer" / "rank_0.safetensors"
+    data = bytearray(altered.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    altered.write_bytes(bytes(data))
     caplog.set_level(logging.WARNING, logger="asyncrl")
     summary = train(epoch_config(make_config, epoch_file, "trainer.save_freq=1", "trainer.total_steps=4"))
     assert summary["steps"] == 4
-    assert any("skipping checkpoint" in record.message and "step_3" in record.message and "truncated" in
-               record.message for record in caplog.records)
+    skipped = [record.message for record in caplog.records if "skipping checkpoint" in record.message]
+    assert any("step_3" in message and "trainer/rank_0.safetensors has" in message and "truncated" in message
+               for message in skipped), skipped
+    assert any("step_2" in message and "trainer/rank_0.safetensors does not match its SHA-256" in message
+               for message in skipped), skipped
     steps = [row["step"] for row in read_metrics(output / "metrics.jsonl") if "critic/score/mean" in row]
-    assert steps == [1, 2, 3, 4]  # step 3 was redone from step 2's checkpoint, its old line replaced
+    assert steps == [1, 2, 3, 4]  # steps 2-4 were redone from step 1's checkpoint, their old lines replaced
+    marker = output.parent / "planted_pickle_ran"
+    (output / "checkpoints" / "step_4" / "trainer" / "rank_0.pt").write_bytes(
+        b"cos\nsystem\n(Vtouch " + str(marker).encode() + b"\ntR.")  # pickle protocol 0: os.system("touch ...")
+    caplog.clear()
     with pytest.raises(IncompatibleCheckpointError, match=r"rollout\.n: 8 in the checkpoint, 4 now"):
         train(epoch_config(make_config, epoch_file, "rollout.n=4", "trainer.total_steps=6"))
+    assert any("step_4" in record.message and "trainer/rank_0.pt was not written with the checkpoint" in record.message
+               for record in caplog.records)
+    assert not marker.exists()
 
 
 def test_a_stalled_pipeline_is_reported_by_the_watchdog_with_every_component_state(make_config, epoch_file,
