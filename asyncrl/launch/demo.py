@@ -88,7 +88,7 @@ DEMO_TASKS: dict[str, DemoTask] = {
     "tools": DemoTask(
         summary="3-4 digit products the model hands to a calculator tool (multi-turn: call, result, answer); the "
                 "teacher skipped the tool or mistyped an operand, RL raises the score and the rate of correct calls",
-        task="tool_arithmetic", knobs=TOOLS_KNOBS, train_size=1024, val_size=64, sft_epochs=16.0,
+        task="tool_arithmetic", knobs=TOOLS_KNOBS, train_size=1024, val_size=64, sft_epochs=24.0,
         model_shape={**MODEL_SHAPE, "max_position_embeddings": 192}, overrides=TOOLS_OVERRIDES,
         mode_overrides={"fully_async": ("async_training.staleness_threshold=0.5",
                                         "async_training.partial_rollout=true")}),
