@@ -92,7 +92,9 @@ class CheckpointManager:
             manifest = json.loads((folder / DRIVER_FILE).read_text())["manifest"]
         except (OSError, ValueError, KeyError, TypeError) as error:
             return f"unreadable {DRIVER_FILE} ({error!r})"
-        if not isinstance(manifest, dict) or not all(isinstance(entry, dict) for entry in manifest.values()):
+        if not isinstance(manifest, dict) or not all(
+                isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("sha256"), str)
+                for entry in manifest.values()):
             return f"{DRIVER_FILE} has no content hashes (written by an older asyncrl, whose checkpoints held pickles)"
         for name, entry in manifest.items():
             path = folder / name
