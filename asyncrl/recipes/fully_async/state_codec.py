@@ -141,7 +141,12 @@ def decode_state(structure_bytes: bytes, arrays_bytes: bytes, folder: Path) -> d
     except SafetensorError as error:
         raise StateFileError(f"fully-async state file {arrays_path} is not a readable safetensors file: {error}") \
             from error
-    return Decoder(arrays, structure["version"], structure_path, arrays_path).decode(structure["state"], "state")
+    try:
+        return Decoder(arrays, structure["version"], structure_path, arrays_path).decode(structure["state"], "state")
+    except StateFileError:
+        raise
+    except (TypeError, ValueError) as error:  # a malformed form: a pair that is not two items, a list as a key
+        raise StateFileError(f"fully-async state file {structure_path} is malformed: {error}") from error
 
 
 class Decoder:
