@@ -199,9 +199,12 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
     actors: dict[str, Any] = {}
     trainers: Optional[TrainerGroup] = None
     # The reward-model actors sit outside the pools: a fraction of a CPU each, or the GPU share they ask for.
-    reward_models = RewardModelPool.launch(config.reward.model) if config.reward.model.enable else None
-    reward_actors = reward_models.actors if reward_models is not None else []
+    reward_models: Optional[RewardModelPool] = None
+    reward_actors: list[Any] = []
     try:
+        if config.reward.model.enable:
+            reward_models = RewardModelPool.launch(config.reward.model)
+            reward_actors = reward_models.actors
         replicas = launch_replicas(config, pools) if backend.placement == "separate" else []
         actors = mode_actors.launch(config, tokenizer, train_data, reward_models) if mode_actors is not None else {}
         trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)),
