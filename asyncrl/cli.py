@@ -48,7 +48,7 @@ def command_config_show(options: argparse.Namespace) -> int:
 
 def command_config_docs(options: argparse.Namespace) -> int:
     from asyncrl.config.docs import main as docs_main
-    return docs_main(options.args)
+    return docs_main([*(["--out", options.out] if options.out else []), *(["--check"] if options.check else [])])
 
 
 def command_advise(options: argparse.Namespace) -> int:
@@ -187,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value]")
     show.set_defaults(run=command_config_show)
     docs = config_commands.add_parser("docs", help="write docs/configuration.md from the config dataclasses")
-    docs.add_argument("args", nargs=argparse.REMAINDER, help="--out PATH, --check")
+    docs.add_argument("--out", default=None, help="output file (default docs/configuration.md)")
+    docs.add_argument("--check", action="store_true", help="only check: exit 1 when the file is stale")
     docs.set_defaults(run=command_config_docs)
 
     advise = commands.add_parser("advise", help="recommend a rollout:trainer device split, sync interval and "

@@ -95,3 +95,15 @@ def test_check_flag_reports_a_stale_file(tmp_path):
     assert subprocess.run(command, capture_output=True, timeout=120).returncode == 0
     assert subprocess.run([*command, "--check"], capture_output=True, timeout=120).returncode == 0
     assert stale.read_text() == render_configuration_markdown()
+
+
+def test_the_cli_checks_the_reference_as_the_module_does(tmp_path, capsys):
+    from asyncrl.cli import main
+    assert main(["config", "docs", "--check"]) == 0
+    assert "up to date" in capsys.readouterr().out
+    stale = tmp_path / "configuration.md"
+    stale.write_text("# old\n")
+    assert main(["config", "docs", "--check", "--out", str(stale)]) == 1
+    assert "stale" in capsys.readouterr().out
+    assert main(["config", "docs", "--out", str(stale)]) == 0
+    assert stale.read_text() == render_configuration_markdown()
