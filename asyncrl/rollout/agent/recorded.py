@@ -1,0 +1,55 @@
+"""Trajectories assembled from recorded completions: what a bring-your-own agent sampled, token-exact.
+
+    turns = [result_1, result_2, ...]          # each completion as the engine returned it (GenerationResult)
+    trajectories = assemble("g3/0", turns)     # usually one; more when the agent rewrote its history
+
+A turn whose prompt ids start with an earlier trajectory's context (its prompt, then every token after it)
+continues that trajectory: the ids in between (the chat template's markup after the model's reply, tool
+results, the next user message, the next generation prompt) are appended as environment tokens (loss mask 0),
+then the turn's sampled ids with their log-probs and versions (mask 1). A turn that extends no trajectory (the
+agent rewrote, summarised or truncated its history, or the template renders the model's reply to other ids
+than it sampled) starts a new trajectory. The ids compared are the engine's, never re-tokenized text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+
+from asyncrl.engine import GenerationResult
+from asyncrl.rollout.agent.trajectory import Trajectory
+
+
+def extends(prompt_ids: np.ndarray, context_ids: np.ndarray) -> bool:
+    """Whether `prompt_ids` starts with all of `context_ids`."""
+    return prompt_ids.size >= context_ids.size and bool(np.array_equal(prompt_ids[:context_ids.size], context_ids))
+
+
+def continued(trajectories: Sequence[Trajectory], prompt_ids: np.ndarray) -> Optional[Trajectory]:
+    """The trajectory the prompt continues: of those it extends, the one with the longest context (the latest
+    when two tie), or None."""
+    best: Optional[Trajectory] = None
+    for trajectory in trajectories:
+        context = trajectory.context_ids()
+        if extends(prompt_ids, context) and (best is None or context.size >= best.context_ids().size):
+            best = trajectory
+    return best
+
+
+def assemble(request_id: str, turns: Sequence[GenerationResult]) -> list[Trajectory]:
+    """The trajectories of one agent run's completions, in the order they were made; trajectory k is
+    '<request_id>/<k>'. Each ends "length" when its last turn ran out of tokens, else "stop"."""
+    trajectories: list[Trajectory] = []
+    for turn in turns:
+        prompt_ids = np.asarray(turn.prompt_ids, dtype=np.int32).reshape(-1)
+        trajectory = continued(trajectories, prompt_ids)
+        if trajectory is None:
+            trajectory = Trajectory.start(f"{request_id}/{len(trajectories)}", prompt_ids)
+            trajectories.append(trajectory)
+        else:
+            trajectory.append_tool(prompt_ids[trajectory.context_ids().size:])
+        trajectory.append_model(turn)
+        trajectory.finish_reason = "length" if turn.finish_reason == "length" else "stop"
+    return trajectories

@@ -1,0 +1,136 @@
+"""A recording endpoint: `asyncrl serve`'s app on 127.0.0.1 in the process that owns the engine, recording every
+completion of an agent run under that run's session.
+
+    endpoint = RecordingEndpoint(served)                 # served: the process's ServedModel
+    await endpoint.start()                               # uvicorn on 127.0.0.1, a free port
+    session = endpoint.open_session()                    # a fresh id; the agent's client sends it as its API key
+    client = endpoint.client(session)                    # openai.AsyncOpenAI(base_url=.../v1, api_key=session)
+    ...                                                  # the agent calls client.chat.completions.create(...)
+    turns = endpoint.close_session(session)              # [GenerationResult]: ids, log-probs, versions as sampled
+    await endpoint.stop()
+
+The session id travels as the bearer token, so one server serves every agent of the process and recordings
+never mix; a request under no open session gets 401 (it would train nothing). A completion hook on the
+`ServedModel` records each finished choice before its response is written, so when the agent's `await`
+returns the turn is recorded. What is recorded is what the client got: the engine's ids, log-probs and
+versions, cut where a stop string cut the text (never re-tokenized).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Any
+
+import numpy as np
+import openai
+import uvicorn
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from asyncrl.engine import GenerationResult
+from asyncrl.serving.app import ServerSettings, build_app
+from asyncrl.serving.choices import cut_at_stop
+from asyncrl.serving.protocol import error_body
+from asyncrl.serving.served_model import CompletionEvent, ServedModel
+
+RECORDED_PREFIX = "/v1/"
+BEARER = "Bearer "
+
+
+class RecordingError(RuntimeError):
+    """The recording endpoint could not start or was used wrongly (names the endpoint)."""
+
+
+def session_of(authorization: str) -> str:
+    return authorization[len(BEARER):] if authorization.startswith(BEARER) else ""
+
+
+class RecordingEndpoint:
+    def __init__(self, served: ServedModel, settings: ServerSettings = ServerSettings(), host: str = "127.0.0.1",
+                 start_timeout_s: float = 30.0, request_timeout_s: float = 300.0):
+        if settings.api_key:
+            raise RecordingError("a recording endpoint takes the session id as its API key; settings.api_key must be "
+                                 "empty")
+        self.served = served
+        self.host = host
+        self.start_timeout_s = start_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.sessions: dict[str, list[GenerationResult]] = {}
+        self.app = build_app(served, settings)
+        self.app.middleware("http")(self.check_session)
+        served.hooks.append(self.record)
+        self.server: uvicorn.Server | None = None
+        self.task: asyncio.Task | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        if not self.port:
+            raise RecordingError("the recording endpoint is not started: await endpoint.start() first")
+        return f"http://{self.host}:{self.port}/v1"
+
+    # ---- the server -------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Serves on a free port of `host` in this event loop; raises naming the endpoint when it does not come
+        up within start_timeout_s."""
+        config = uvicorn.Config(self.app, host=self.host, port=0, log_level="warning", lifespan="off",
+                                access_log=False)
+        self.server = uvicorn.Server(config)
+        self.task = asyncio.create_task(self.server.serve())
+        deadline = asyncio.get_running_loop().time() + self.start_timeout_s
+        while not self.server.started:
+            if self.task.done():
+                raise RecordingError(f"the recording endpoint on {self.host} stopped while starting: "
+                                     f"{self.task.exception()!r}")
+            if asyncio.get_running_loop().time() > deadline:
+                raise RecordingError(f"the recording endpoint on {self.host} did not start within "
+                                     f"{self.start_timeout_s} s")
+            await asyncio.sleep(0.01)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stops serving; the engine stays open (its owner closes it)."""
+        if self.server is None or self.task is None:
+            return
+        self.server.should_exit = True
+        await asyncio.wait_for(self.task, self.start_timeout_s)
+        self.served.hooks.remove(self.record)
+        self.server, self.task, self.port = None, None, 0
+
+    # ---- sessions ---------------------------------------------------------------------------------------
+    def open_session(self) -> str:
+        session = secrets.token_hex(16)
+        self.sessions[session] = []
+        return session
+
+    def close_session(self, session: str) -> list[GenerationResult]:
+        """The session's completions in the order they finished; later requests under it get 401."""
+        if session not in self.sessions:
+            raise RecordingError(f"recording session {session!r} is not open on {self.base_url}")
+        return self.sessions.pop(session)
+
+    def client(self, session: str) -> openai.AsyncOpenAI:
+        """An `openai` client whose requests record under `session` (no retries: a retried request would be
+        recorded twice)."""
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=session, max_retries=0,
+                                  timeout=self.request_timeout_s)
+
+    async def check_session(self, request: Request, call_next: Any) -> Response:
+        if request.url.path.startswith(RECORDED_PREFIX) and request.method == "POST":
+            if session_of(request.headers.get("authorization", "")) not in self.sessions:
+                message = ("no open recording session: the agent's client must send the session id it was given "
+                           "as its API key (use the client passed to rollout(client, sample))")
+                return JSONResponse(error_body(401, message, code="invalid_api_key"), status_code=401)
+        return await call_next(request)
+
+    def record(self, event: CompletionEvent) -> None:
+        turns = self.sessions.get(session_of(event.headers.get("authorization", "")))
+        if turns is None:   # the session closed while its request ran: nothing trains on it
+            return
+        result = event.result
+        choice = cut_at_stop(self.served.tokenizer, event.choice_index, result, event.request.stop_strings())
+        is_cut = len(choice.token_ids) < result.num_response_tokens
+        turns.append(GenerationResult(result.request_id, result.prompt_ids, np.asarray(choice.token_ids, np.int32),
+                                      np.asarray(choice.log_probs, np.float32), np.asarray(choice.versions, np.int32),
+                                      "stop" if is_cut else result.finish_reason))
