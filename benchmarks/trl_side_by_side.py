@@ -9,8 +9,9 @@ Each run of a workload is one `asyncrl train` (sync mode, a subprocess, as a use
 on the machine falls on both alike. Both start from the same random-weight Qwen2-shaped model with the character
 tokenizer, on the same arithmetic prompts (asyncrl's chat template, the same token ids on both sides), sample at
 temperature 1 with EOS ignored so that every completion is exactly `response_length` tokens, and take one
-optimizer step per generation of `prompts_per_step x n` completions, with fp32 weights, no KL term and AdamW at
-the same learning rate. Completions/s = completions over the summed wall times of the steps (generation, rewards,
+optimizer step per generation of `prompts_per_step x n` completions in one forward and backward (TRL's
+`per_device_train_batch_size` is its micro-batch; asyncrl's `actor.ppo_micro_batch_size_per_gpu` is set to the
+same), with fp32 weights, no KL term and AdamW at the same learning rate. Completions/s = completions over the summed wall times of the steps (generation, rewards,
 update; asyncrl's weight sync too), start-up excluded. The report gives each side's min and median over the runs,
 the machine's load average before and after, and writes everything to `outputs/bench/trl_side_by_side_<workload>.json`.
 
@@ -93,6 +94,7 @@ def asyncrl_overrides(workload: Workload, folder: Path, run_folder: Path) -> lis
             f"data.train_batch_size={workload.prompts_per_step}", f"data.max_response_length={workload.response_length}",
             f"rollout.n={workload.n}", "rollout.ignore_eos=true", "rollout.temperature=1.0",
             f"actor.ppo_mini_batch_size={workload.prompts_per_step}", f"actor.optim.lr={workload.lr}",
+            f"actor.ppo_micro_batch_size_per_gpu={workload.prompts_per_step * workload.n}",
             "algorithm.adv_estimator=grpo", "trainer.mode=sync", "trainer.device=cpu",
             f"trainer.total_steps={workload.steps}", "trainer.val_before_train=false", "trainer.resume=disable",
             "trainer.logger=[jsonl]", f"trainer.output_dir={run_folder}", f"trainer.seed={workload.seed}"]
@@ -112,6 +114,7 @@ def run_asyncrl(workload: Workload, folder: Path, index: int, extra: list[str]) 
               for key in ("timing_s/gen", "timing_s/update_actor", "timing_s/sync_weights", "timing_s/reward")}
     return {"system": "asyncrl", "steps": len(steps), "completions": completions, "step_seconds": step_seconds,
             "completions_per_s": completions / step_seconds, "stages": stages,
+            "per_step_seconds": [step["timing_s/step"] for step in steps],
             "mean_response_length": [step["response_length/mean"] for step in steps]}
 
 
@@ -125,10 +128,13 @@ def run_trl(folder: Path) -> dict:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def summarize(runs: list[dict]) -> dict:
+def summarize(runs: list[dict], completions_per_step: int) -> dict:
+    """Completions/s over each run's steps (min, median, max over runs), and at the median step of all runs: a
+    burst of load from other work on the machine slows a few steps, which the median step leaves out."""
     rates = [run["completions_per_s"] for run in runs]
+    median_step = statistics.median(seconds for run in runs for seconds in run["per_step_seconds"])
     return {"runs": len(rates), "min": min(rates), "median": statistics.median(rates), "max": max(rates),
-            "all": rates}
+            "all": rates, "at_median_step": completions_per_step / median_step}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"workload": options.workload, **dataclasses.asdict(workload), "overrides": options.overrides,
               "load_average_before": load_before, "load_average_after": os.getloadavg(),
               "seconds": time.monotonic() - started, "runs": results,
-              "summary": {system: summarize(runs) for system, runs in results.items() if runs}}
+              "summary": {system: summarize(runs, workload.prompts_per_step * workload.n)
+                          for system, runs in results.items() if runs}}
     if results["asyncrl"] and results["trl"]:
         report["ratio_of_medians"] = report["summary"]["asyncrl"]["median"] / report["summary"]["trl"]["median"]
     output = Path(options.output or REPO / "outputs" / "bench" / f"trl_side_by_side_{options.workload}.json")
@@ -166,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     output.write_text(json.dumps(report, indent=1))
     for system, summary in report["summary"].items():
         print(f"{system}: median {summary['median']:.1f} completions/s (min {summary['min']:.1f}, max "
-              f"{summary['max']:.1f}, {summary['runs']} runs)")
+              f"{summary['max']:.1f}, {summary['runs']} runs); at the median step {summary['at_median_step']:.1f}")
     if "ratio_of_medians" in report:
         print(f"asyncrl / TRL: {report['ratio_of_medians']:.2f}x; load average before {load_before}, after "
               f"{report['load_average_after']}; wrote {output}")
