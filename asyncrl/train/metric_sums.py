@@ -1,8 +1,9 @@
 """Accumulate update metrics over micro-batches and ranks into exact global values.
 
-Two kinds: additive quantities (a loss computed with the global normaliser: micro-batch parts sum to
-the mini-batch value) and token means (a fraction over a micro-batch's valid tokens, weighted by its
-token count). `finish` reduces over ranks once per update call.
+Three kinds: additive quantities (a loss computed with the global normaliser: micro-batch parts sum to
+the mini-batch value), token means (a fraction over a micro-batch's valid tokens, weighted by its
+token count) and extremes (a largest or smallest value, kept over micro-batches and ranks). `finish`
+reduces over ranks once per update call.
 
 Values may be device tensors: they are summed on the device and copied to the host once, in `finish`, so
 that recording a micro-batch's loss does not make the host wait for that micro-batch's forward before it
@@ -11,6 +12,7 @@ can queue the backward (a GPU sync per metric per micro-batch).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import torch
@@ -26,6 +28,8 @@ class MetricSums:
         self.weighted: dict[str, Number] = defaultdict(float)
         self.weights: dict[str, Number] = defaultdict(float)
         self.per_step: dict[str, list[float]] = defaultdict(list)
+        self.maxima: dict[str, Number] = {}
+        self.minima: dict[str, Number] = {}
 
     def add(self, name: str, value: Number) -> None:
         self.additive[name] = self.additive[name] + _detached(value)
@@ -34,23 +38,35 @@ class MetricSums:
         self.weighted[name] = self.weighted[name] + _detached(value) * _detached(num_tokens)
         self.weights[name] = self.weights[name] + _detached(num_tokens)
 
+    def add_extreme(self, name: str, value: Number, largest: bool) -> None:
+        """A largest (or smallest) value: the extreme over every call, never averaged."""
+        kept, pick = (self.maxima, torch.maximum) if largest else (self.minima, torch.minimum)
+        value = torch.as_tensor(_detached(value), dtype=torch.float64)
+        kept[name] = value if name not in kept else pick(kept[name], value.to(kept[name].device))
+
     def add_step_value(self, name: str, value: float) -> None:
         """A value that is the same on every rank (grad norm, lr): averaged over optimizer steps."""
         self.per_step[name].append(value)
 
     def finish(self, num_steps: int) -> dict[str, float]:
         """Global metrics: additive sums divided by `num_steps`, token means over all ranks' tokens."""
-        local = (_to_floats(self.additive), _to_floats(self.weighted), _to_floats(self.weights))
+        local = (_to_floats(self.additive), _to_floats(self.weighted), _to_floats(self.weights),
+                 _to_floats(self.maxima), _to_floats(self.minima))
         parts = [local]
         if dist.is_initialized() and dist.get_world_size() > 1:
             parts = [None] * dist.get_world_size()
             dist.all_gather_object(parts, local)
         metrics: dict[str, float] = {}
-        for name in sorted({name for additive, _, _ in parts for name in additive}):
-            metrics[name] = sum(additive.get(name, 0.0) for additive, _, _ in parts) / max(1, num_steps)
-        for name in sorted({name for _, weighted, _ in parts for name in weighted}):
-            total = sum(weights.get(name, 0.0) for _, _, weights in parts)
-            metrics[name] = sum(weighted.get(name, 0.0) for _, weighted, _ in parts) / max(total, 1e-12)
+        for name in sorted({name for additive, *_ in parts for name in additive}):
+            metrics[name] = sum(additive.get(name, 0.0) for additive, *_ in parts) / max(1, num_steps)
+        for name in sorted({name for _, weighted, *_ in parts for name in weighted}):
+            total = sum(weights.get(name, 0.0) for _, _, weights, *_ in parts)
+            metrics[name] = sum(weighted.get(name, 0.0) for _, weighted, *_ in parts) / max(total, 1e-12)
+        # A rank (or micro-batch) with nothing to measure holds -inf / +inf, which the others' values replace.
+        for index, pick in ((3, max), (4, min)):
+            for name in sorted({name for part in parts for name in part[index]}):
+                value = pick(part[index][name] for part in parts if name in part[index])
+                metrics[name] = value if math.isfinite(value) else 0.0  # nothing measured anywhere
         for name, values in self.per_step.items():
             metrics[name] = sum(values) / len(values)
         return metrics

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
+import torch
 from torch import Tensor
 
 from asyncrl.algos import POLICY_LOSSES, aggregate_loss, compute_bypass_correction, kl_penalty
@@ -21,6 +22,8 @@ from asyncrl.train.update_spec import PolicyUpdateSpec
 
 # Token-mean metrics of the policy losses and rollout correction, reduced over tokens of all ranks.
 LOSS_TOKEN_METRICS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "pg_covfrac")
+# Rollout-correction metrics that are extremes: the largest / smallest over the update, not a mean.
+EXTREME_METRICS = {"is_max": True, "is_min": False}
 
 
 class ResponseFields(Protocol):
@@ -48,7 +51,14 @@ class LossMetrics:
         for name, value in self.additive.items():
             sums.add(name, value)
         for name, value in self.token_means.items():
-            sums.add_token_mean(name, value, self.num_tokens)
+            if name in EXTREME_METRICS:
+                largest = EXTREME_METRICS[name]
+                # A micro-batch without valid tokens reports 0 for both: it must not win either extreme.
+                empty = -torch.inf if largest else torch.inf
+                sums.add_extreme(name, torch.where(torch.as_tensor(self.num_tokens) > 0,
+                                                   torch.as_tensor(value, dtype=torch.float64), empty), largest)
+            else:
+                sums.add_token_mean(name, value, self.num_tokens)
 
 
 @dataclass
