@@ -44,6 +44,7 @@ def test_the_teacher_skips_the_tool_or_mistypes_at_the_stated_rates(data):
     (CALL % "1234*5679" + "<tool_response>7012330</tool_response>7012330", (0.0, 0.0, 1.0)),   # mistyped call
     (CALL % "1234*5678" + "<tool_response>7006652</tool_response>7006653", (0.0, 1.0, 1.0)),   # miscopied
     ("7006652", (1.0, 0.0, 0.0)),                                                               # a lucky guess
+    (CALL % "01234*005678" + "<tool_response>7006652</tool_response>7006652", (1.0, 1.0, 1.0)),   # leading zeros
     ('<tool_call>{"name": "calc"', (0.0, 0.0, 0.0)),
 ])
 def test_the_score_reads_the_final_answer_and_the_call(text, expected):

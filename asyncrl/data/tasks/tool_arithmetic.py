@@ -120,4 +120,4 @@ def score(solution_str: str, ground_truth: Any) -> dict[str, float]:
 def evaluate_safely(expression: str) -> int | None:
     if not re.fullmatch(r"\s*\d+\s*[-+*]\s*\d+\s*", expression):
         return None
-    return evaluate(expression)
+    return evaluate(re.sub(r"\b0+(\d)", r"\1", expression))   # a sampled "0123" is 123, not Python's SyntaxError
