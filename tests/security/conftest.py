@@ -3,9 +3,6 @@ and the arithmetic task (what is learnt does not matter here, only which process
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,12 +36,3 @@ def write_run_config(tiny_setup, tmp_path):
         path.write_text(dump_config(config))
         return path
     return write
-
-
-def start_cli_run(config_path: Path, log_path: Path) -> subprocess.Popen:
-    """`asyncrl train` in a session of its own (as a user starts it from a shell), its output in `log_path`."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
-    with log_path.open("w") as log:
-        return subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "train", str(config_path)],
-                                env={**env, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
