@@ -62,6 +62,9 @@ def start_ray(config: RayConfig, log_to_driver: bool = True) -> None:
         exit_on_sigterm()  # the driver's Ray core replaced the handler
         return
     secure_local_environment()
+    # Ray announces the token authentication it turns on for a new local cluster at WARNING level; here it is
+    # the run's intended setting (above), so the line would only be noise in every run's output.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     before = descendant_processes()
     with sigterm_exits(), loopback_node():
         ray.init(num_cpus=config.num_cpus, include_dashboard=False, _node_ip_address=LOOPBACK,
