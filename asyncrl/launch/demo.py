@@ -46,10 +46,13 @@ TOOLS_CONFIG = Path(str(resources.files("asyncrl") / "configs" / "tools_calculat
 # 4-digit operands: every digit a call copies sits at one distance from its place in the question, a single
 # relative offset for the attention of a 2-layer model to learn.
 TOOLS_KNOBS = {"min_digits": "4", "max_digits": "4"}
+# GRPO on its ~80 model tokens a trajectory: at the arithmetic demo's lr 2e-4 the first step alone breaks the
+# warm start, and at temperature 0.5 or more too few sampled 8-digit copies are right to learn from
+# (docs/agents.md, Status).
 TOOLS_OVERRIDES = ("rollout.multi_turn.enable=true", f"rollout.multi_turn.tool_config_path={TOOLS_CONFIG}",
                    "rollout.multi_turn.max_assistant_turns=2", "data.max_prompt_length=16",
                    "data.max_response_length=136", "rollout.n=4", "actor.ppo_mini_batch_size=16",
-                   "trainer.test_freq=8", "data.val_batch_size=64")
+                   "actor.optim.lr=2e-5", "rollout.temperature=0.2", "trainer.test_freq=8", "data.val_batch_size=64")
 
 
 @dataclass(frozen=True)
