@@ -142,11 +142,14 @@ def test_boxed_extraction_handles_nesting_and_absence():
     assert score_gsm8k("#### 41", "42") == 0.0
 
 
-@pytest.mark.parametrize("behaviour, problem", [
-    ("os._exit(3)", r": its scoring process exited with code 3 while loading it"),
-    ("time.sleep(60)", r" did not load within 2s in a scoring process"),
+@pytest.mark.parametrize("behaviour, problem, import_timeout_s", [
+    # The exit comes as soon as the process runs: a long timeout costs nothing and a busy machine's slow spawn
+    # cannot turn the exit into a timeout.
+    ("os._exit(3)", r": its scoring process exited with code 3 while loading it", 120),
+    ("time.sleep(60)", r" did not load within 2s in a scoring process", 2),
 ])
-def test_a_scoring_process_that_cannot_start_raises_naming_the_function(tmp_path, behaviour, problem):
+def test_a_scoring_process_that_cannot_start_raises_naming_the_function(tmp_path, behaviour, problem,
+                                                                         import_timeout_s):
     """What a script without a main guard does to spawned workers (they re-run it and never serve): the
     executor does not start, with the reason, instead of timing out every sample."""
     path = tmp_path / "starts_badly.py"
@@ -161,4 +164,4 @@ def test_a_scoring_process_that_cannot_start_raises_naming_the_function(tmp_path
     """))
     with pytest.raises(RewardLoadError, match=rf"reward function {path}:score{problem}.*"
                                               r"if __name__ == \"__main__\""):
-        RewardExecutor(f"{path}:score", timeout_s=5, import_timeout_s=2)
+        RewardExecutor(f"{path}:score", timeout_s=5, import_timeout_s=import_timeout_s)
