@@ -81,8 +81,12 @@ def test_a_generative_judge_alone_teaches_its_preference(make_config, ray_sessio
     train(config)
     steps = dumped(config.trainer.output_dir)
     rows = [row for rows in steps.values() for row in rows]
-    # The judge's verdict, by hand: 1 for at most 3 digits.
-    assert [row["score"] for row in rows] == [float(num_digits(row["response"]) <= 3) for row in rows]
+    # The judge's verdict, by hand: its feature is the digit fraction of its user turn (the response's characters
+    # plus two role tokens), thresholded between 3 digits of 5 tokens and 4 of 6; so it is "at most 3 digits" for
+    # an all-digit answer, and a response with other characters ('100=6': 4 of 7) can pass with more.
+    threshold = (3 / 5 + 4 / 6) / 2
+    assert [row["score"] for row in rows] == [
+        float(num_digits(row["response"]) / (len(row["response"]) + 2) < threshold) for row in rows]
     early, late = early_and_late(steps, lambda row: row["score"])
     assert late >= early + 0.1, (early, late)
 
