@@ -27,7 +27,7 @@ from asyncrl.models.lora import lora_spec
 from asyncrl.remote import wait_for_all
 from asyncrl.rollout.backend import (PendingGeneration, RolloutBackend, RolloutError, RolloutHealth, WorkerOutput,
                                      spread)
-from asyncrl.rollout.gate import BusyClock, RequestGate
+from asyncrl.rollout.gate import BusyClock, GatedControls, RequestGate
 from asyncrl.rollout.registry import ROLLOUT_BACKENDS, RolloutContext
 
 
@@ -74,7 +74,7 @@ class ColocatedEngine:
 @ROLLOUT_BACKENDS.register("colocated", placement="colocated",
                            summary="an engine inside each trainer rank, on its device: generation and training "
                                    "take turns, weights move in process")
-class ColocatedRollout(RolloutBackend):
+class ColocatedRollout(GatedControls, RolloutBackend):
     def __init__(self, context: RolloutContext):
         self.trainers = context.trainers
         self.version = 0
@@ -109,15 +109,6 @@ class ColocatedRollout(RolloutBackend):
         raise RolloutError("rollout.backend=colocated: a trainer rank runs each generate call to its end, so there "
                            "is nothing to abort between engine steps; partial rollout needs a backend on its own "
                            "devices (ray_replicas)")
-
-    async def pause(self) -> None:
-        self.gate.pause()
-
-    async def resume(self) -> None:
-        await self.gate.resume()
-
-    async def wait_until_idle(self) -> None:
-        await self.gate.wait_until_idle()
 
     def sync_weights(self, version: int) -> None:
         """Each rank copies the full policy into its engine (a collective gather over the trainer ranks)."""

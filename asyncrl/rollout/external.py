@@ -40,7 +40,7 @@ from asyncrl.rollout.backend import (PendingGeneration, RolloutBackend, RolloutE
                                      spread)
 from asyncrl.rollout.external_client import ServerClient, ServerFailure
 from asyncrl.rollout.external_weights import folder_checksum, write_policy
-from asyncrl.rollout.gate import BusyClock, RequestGate
+from asyncrl.rollout.gate import BusyClock, GatedControls, RequestGate
 from asyncrl.rollout.registry import ROLLOUT_BACKENDS, RolloutContext
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ HEALTH_PROBE_S = 5.0   # a health probe's own limit: a live server answers /heal
                            summary="OpenAI-compatible HTTP servers (asyncrl serve; vLLM, SGLang): token ids in, ids "
                                    "and log-probs out; weights written as an HF folder each server reloads; a dead "
                                    "server leaves the rotation and its requests go to another")
-class ExternalRollout(RolloutBackend):
+class ExternalRollout(GatedControls, RolloutBackend):
     def __init__(self, context: RolloutContext):
         config = context.config
         settings = config.rollout.external
@@ -228,15 +228,6 @@ class ExternalRollout(RolloutBackend):
         await self.gate.wait_until_idle()
         aborted, self.aborted = self.aborted, []
         return aborted
-
-    async def pause(self) -> None:
-        self.gate.pause()
-
-    async def resume(self) -> None:
-        await self.gate.resume()
-
-    async def wait_until_idle(self) -> None:
-        await self.gate.wait_until_idle()
 
     # ---- weights ----------------------------------------------------------------------------------------
     def sync_weights(self, version: int) -> None:

@@ -92,3 +92,18 @@ class RequestGate:
         """Wake the waiters to look again (the gate opened, a request left, a worker came back)."""
         async with self.changed:
             self.changed.notify_all()
+
+
+class GatedControls:
+    """pause / resume / wait_until_idle of a backend whose requests pass one `RequestGate` (`self.gate`)."""
+
+    gate: RequestGate
+
+    async def pause(self) -> None:
+        self.gate.pause()
+
+    async def resume(self) -> None:
+        await self.gate.resume()
+
+    async def wait_until_idle(self) -> None:
+        await self.gate.wait_until_idle()

@@ -26,7 +26,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from asyncrl.engine import GenerationRequest, GenerationResult
 from asyncrl.remote import RemoteCallError, RemoteUnavailableError, wait_for_all, worker_name
 from asyncrl.rollout.backend import PendingGeneration, RolloutBackend, RolloutHealth, WorkerOutput, spread
-from asyncrl.rollout.gate import BusyClock, RequestGate
+from asyncrl.rollout.gate import BusyClock, GatedControls, RequestGate
 from asyncrl.rollout.registry import ROLLOUT_BACKENDS, RolloutContext
 from asyncrl.rollout.weight_group import WeightGroup, transfer_plan
 
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 @ROLLOUT_BACKENDS.register("ray_replicas", placement="separate",
                            summary="one Ray actor per rollout device, weights broadcast from trainer rank 0; a "
                                    "replica that dies is restarted and re-synced, its requests start again")
-class ReplicaSet(RolloutBackend):
+class ReplicaSet(GatedControls, RolloutBackend):
     def __init__(self, context: RolloutContext):
         config = context.config
         self.replicas = context.replicas
@@ -100,15 +100,6 @@ class ReplicaSet(RolloutBackend):
         answers = await asyncio.gather(*(replica.abort.remote() for replica, healthy in
                                          zip(self.replicas, self.is_healthy) if healthy), return_exceptions=True)
         return [result for answer in answers if isinstance(answer, list) for result in answer]
-
-    async def pause(self) -> None:
-        self.gate.pause()
-
-    async def resume(self) -> None:
-        await self.gate.resume()
-
-    async def wait_until_idle(self) -> None:
-        await self.gate.wait_until_idle()
 
     # ---- weights ----------------------------------------------------------------------------------------
     def connect(self) -> list[str]:
