@@ -96,14 +96,16 @@ def user_processes() -> int:
 
 
 async def read_capped(stream: asyncio.StreamReader, cap: int, overflow: asyncio.Event) -> bytes:
-    """Up to `cap` bytes of `stream`; past it, sets `overflow` and stops reading."""
+    """The first `cap` bytes of `stream`; past them, sets `overflow` and discards the rest until the end of the
+    stream. Reading goes on because asyncio pauses a pipe whose buffer is full: a paused pipe never sees the
+    end of the stream after the kill, and `process.wait()` waits for both the exit and the closed pipes."""
     data = bytearray()
     while chunk := await stream.read(READ_CHUNK):
-        data += chunk
+        if len(data) <= cap:
+            data += chunk
         if len(data) > cap:
             overflow.set()
-            return bytes(data[:cap])
-    return bytes(data)
+    return bytes(data[:cap])
 
 
 def kill_group(process: asyncio.subprocess.Process) -> None:
