@@ -40,7 +40,8 @@ truncation and normalisation), ``is_batch_norm_factor``; ``rs_fraction_rejected`
 ``rs_seq_fraction_rejected`` (sequences with at least one rejected token); diagnostics always: ``kl`` = mean of
 log pi_rollout - log pi_anchor (a k1 estimate of KL(rollout || anchor) on rollout samples), ``k3_kl`` = mean of
 exp(l) - 1 - l, ``log_ppl_diff`` = mean over sequences of log_ppl_anchor - log_ppl_rollout with
-log_ppl = -mean_t log-prob.
+log_ppl = -mean_t log-prob, and the agreement of the two log-probs on the same tokens: ``abs_log_ratio_mean``,
+``abs_log_ratio_max`` (over valid tokens) and ``frac_abs_log_ratio_above_1e-2``.
 """
 
 import math
@@ -54,6 +55,7 @@ from asyncrl.algos.registry import Entry, Registry, column
 
 _MAX_LOG_RATIO = 20.0
 _PREFIX = "rollout_corr/"
+AGREEMENT_THRESHOLD = 1e-2   # |log pi_anchor - log pi_rollout| counted by frac_abs_log_ratio_above_1e-2
 
 
 # Every level: fn(log_ratio (B, T), valid (B, T) bool) -> (the statistic of each unit, the mask of units that
@@ -235,6 +237,11 @@ def _diagnostics(log_ratio: Tensor, valid: Tensor) -> dict[str, Tensor]:
         "k3_kl": masked_mean(torch.exp(clamped) - 1.0 - clamped, valid),
         # -mean(anchor) - (-mean(rollout)) per sequence = -mean_t l_t, averaged over sequences with tokens.
         "log_ppl_diff": masked_mean(-masked_mean(log_ratio, valid, dim=-1), valid.any(dim=-1)),
+        # How far the engine's log-probs are from the trainer's on the same tokens: on-policy (a sync run's
+        # decoupled anchor) this is numerics alone, the price of two implementations of one model.
+        "abs_log_ratio_mean": masked_mean(log_ratio.abs(), valid),
+        "abs_log_ratio_max": torch.where(valid, log_ratio.abs(), torch.zeros_like(log_ratio)).max(),
+        "frac_abs_log_ratio_above_1e-2": masked_mean((log_ratio.abs() > AGREEMENT_THRESHOLD).float(), valid),
     }
 
 

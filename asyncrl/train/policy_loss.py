@@ -23,7 +23,8 @@ from asyncrl.train.update_spec import PolicyUpdateSpec
 # Token-mean metrics of the policy losses and rollout correction, reduced over tokens of all ranks.
 LOSS_TOKEN_METRICS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "pg_covfrac")
 # Rollout-correction metrics that are extremes: the largest / smallest over the update, not a mean.
-EXTREME_METRICS = {"is_max": True, "is_min": False}
+# Keyed by the names `compute_bypass_correction` returns (prefixed).
+EXTREME_METRICS = {"rollout_corr/is_max": True, "rollout_corr/is_min": False, "rollout_corr/abs_log_ratio_max": True}
 
 
 class ResponseFields(Protocol):

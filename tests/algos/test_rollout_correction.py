@@ -83,7 +83,13 @@ def test_no_levels_gives_diagnostics_only():
     assert metrics["rollout_corr/k3_kl"] == pytest.approx(sum(math.exp(x) - 1 - x for x in tokens) / len(tokens))
     geometric = unit_log_ratios("geometric")
     assert metrics["rollout_corr/log_ppl_diff"] == pytest.approx(-sum(geometric) / len(geometric))
-    assert set(metrics) == {"rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/log_ppl_diff"}
+    assert metrics["rollout_corr/abs_log_ratio_mean"] == pytest.approx(sum(abs(x) for x in tokens) / len(tokens))
+    assert metrics["rollout_corr/abs_log_ratio_max"] == pytest.approx(max(abs(x) for x in tokens))
+    above = sum(1 for x in tokens if abs(x) > 1e-2) / len(tokens)
+    assert 0 < above and metrics["rollout_corr/frac_abs_log_ratio_above_1e-2"] == pytest.approx(above)
+    assert set(metrics) == {"rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/log_ppl_diff",
+                            "rollout_corr/abs_log_ratio_mean", "rollout_corr/abs_log_ratio_max",
+                            "rollout_corr/frac_abs_log_ratio_above_1e-2"}
     assert all(math.isfinite(value) for value in metrics.values())
 
 
