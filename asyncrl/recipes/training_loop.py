@@ -265,16 +265,22 @@ class TrainingLoop:
         return summary
 
     def dump_rollouts(self, samples: list, decode) -> None:
-        """rollouts/step_N.jsonl: prompt, response, score and versions of every sample (trainer.dump_rollouts)."""
+        """rollouts/step_N.jsonl: prompt, response, score and versions of every sample (trainer.dump_rollouts);
+        a multi-turn sample adds its per-token versions and loss mask (1 model, 0 tool), which show a sync that
+        fell inside a trajectory."""
         if not self.runtime.config.trainer.dump_rollouts:
             return
         folder = self.runtime.output_dir / "rollouts"
         folder.mkdir(exist_ok=True)
         with open(folder / f"step_{self.step}.jsonl", "w") as handle:
             for sample in samples:
-                handle.write(json.dumps({
+                record = {
                     "prompt_id": sample.prompt_id, "sample_index": sample.sample_index,
                     "prompt": self.runtime.tokenizer.decode(sample.result.prompt_ids.tolist()),
                     "response": decode(sample), "score": sample.score, "finish_reason": sample.result.finish_reason,
                     "num_tokens": sample.num_response_tokens,
-                    "versions": sorted(set(sample.result.response_versions.tolist()))}) + "\n")
+                    "versions": sorted(set(sample.result.response_versions.tolist()))}
+                if sample.trajectory is not None:
+                    record["token_versions"] = sample.result.response_versions.tolist()
+                    record["loss_mask"] = sample.loss_mask.tolist()
+                handle.write(json.dumps(record) + "\n")
