@@ -125,7 +125,20 @@ def summarize(mode: str, output: Path, wall_s: float) -> dict[str, Any]:
               else mean("timing_s/gen") / max(mean("timing_s/step"), 1e-9),
               "rollouter_idle_ratio": mean("rollouter/idle_ratio") if mode.startswith("fully") else None}
     result.update({f"{name}_s": mean(f"timing_s/{name}") for name in TIMINGS})
+    result["logprob_agreement"] = logprob_agreement(rows)
     return result
+
+
+def logprob_agreement(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Rollout against trainer log-probs on the same tokens over the run (decoupled mode reports them:
+    `algorithm.rollout_correction.bypass_mode=false`), or None."""
+    rows = [row for row in rows if "rollout_corr/abs_log_ratio_mean" in row]
+    if not rows:
+        return None
+    return {"abs_mean": sum(row["rollout_corr/abs_log_ratio_mean"] for row in rows) / len(rows),
+            "abs_max": max(row["rollout_corr/abs_log_ratio_max"] for row in rows),
+            "frac_above_1e-2": sum(row["rollout_corr/frac_abs_log_ratio_above_1e-2"] for row in rows) / len(rows),
+            "k3_kl": sum(row["rollout_corr/k3_kl"] for row in rows) / len(rows), "steps": len(rows)}
 
 
 def markdown_table(results: list[dict[str, Any]]) -> str:
