@@ -40,6 +40,7 @@ from asyncrl.rollout import RolloutBackend, RolloutBackendSpec, RolloutContext, 
 from asyncrl.rollout.replica import RolloutReplicaActor
 from asyncrl.telemetry import Timeline, Tracker
 from asyncrl.train.worker import GPU_HOST_THREADS
+from asyncrl.rewards.executor import available_cpus
 
 
 logger = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def num_rollout_replicas(config: AsyncRLConfig, backend: RolloutBackendSpec) -> 
 
 def threads_per_worker(spec: PoolSpec, num_workers: int) -> int:
     """A GPU worker's host needs one intra-op thread (`GPU_HOST_THREADS`); CPU workers share the cores."""
-    return GPU_HOST_THREADS if spec.num_gpus_per_worker else max(1, (os.cpu_count() or 1) // num_workers)
+    return GPU_HOST_THREADS if spec.num_gpus_per_worker else max(1, available_cpus() // num_workers)
 
 
 PORT_ATTEMPTS = 3
