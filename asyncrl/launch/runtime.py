@@ -36,11 +36,11 @@ from asyncrl.launch.stop_signals import StopSignals
 from asyncrl.recipes.training_loop import total_training_steps
 from asyncrl.remote import RemoteCallError, wait_for, wait_for_all, worker_name
 from asyncrl.rewards import RewardExecutor, RewardModelPool, Scorer, check_reward_model
+from asyncrl.rewards.executor import available_cpus
 from asyncrl.rollout import RolloutBackend, RolloutBackendSpec, RolloutContext, resolve_backend
 from asyncrl.rollout.replica import RolloutReplicaActor
 from asyncrl.telemetry import Timeline, Tracker
 from asyncrl.train.worker import GPU_HOST_THREADS
-from asyncrl.rewards.executor import available_cpus
 
 
 logger = logging.getLogger(__name__)
