@@ -15,6 +15,7 @@ The rules that differ by mode are the fully_async keys themselves (`check_async`
 from __future__ import annotations
 
 from asyncrl.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, REJECTION_LEVELS
+from asyncrl.config.agent_path import check_agent
 from asyncrl.config.errors import ConfigError
 from asyncrl.config.schema import LORA_PROJECTIONS, AsyncRLConfig
 
@@ -40,6 +41,7 @@ def check_invariants(config: AsyncRLConfig) -> None:
     check_decode_attention(config)
     check_length_distribution(config.rollout.length_distribution)
     check_multi_turn(config)
+    check_agent(config)
     unknown_loggers = sorted(set(config.trainer.logger) - LOGGERS)
     if unknown_loggers:
         raise ConfigError(f"trainer.logger: unknown tracker(s) {unknown_loggers}; valid: {sorted(LOGGERS)}")

@@ -129,6 +129,19 @@ class MultiTurnConfig:
 
 
 @dataclass
+class AgentConfig:
+    path: str = option("", "your own agent (docs/byo-agent.md): 'file.py:function' or 'package.module:function', an "
+                           "`async def rollout(client, sample)` written with the openai package (pip install "
+                           "'asyncrl[agents]'); each of its completions is recorded token-exact and trained with the "
+                           "reward it returns; empty = no agent")
+    timeout_s: float = option(300.0, "wall-time limit of one agent run; past it the run scores 0 (its recorded "
+                                     "turns still train) and counts in agent/timeouts", gt=0.0, le=MAX_WAIT_S)
+    max_concurrent: int = option(0, "agent runs at once in the process that generates (the driver in sync and "
+                                    "one_step_off, the rollouter in fully_async); 0 = every run of a batch at once",
+                                 ge=0)
+
+
+@dataclass
 class ExternalRolloutConfig:
     urls: list[str] = option([], "base URLs of the OpenAI-compatible servers rollout.backend=external generates on, "
                                  "e.g. [http://127.0.0.1:8001, http://127.0.0.1:8002] (asyncrl serve; "
@@ -196,6 +209,8 @@ class RolloutConfig:
     nnodes: int = option(1, "rollout nodes in separated modes", gt=0)
     val_kwargs: ValSamplingConfig = section(ValSamplingConfig, "sampling used for validation")
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn agentic rollouts with tools")
+    agent: AgentConfig = section(AgentConfig, "bring your own agent: an openai-client agent trained through a "
+                                                   "recording endpoint")
     external: ExternalRolloutConfig = section(ExternalRolloutConfig, "OpenAI-compatible servers as rollout workers "
                                                                      "(rollout.backend=external)")
 

@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence
 from asyncrl.algos import ADVANTAGE_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_kl_penalty
 from asyncrl.config import AsyncRLConfig, needs_critic, needs_greedy_baseline, needs_reference
 from asyncrl.core.advantage import rollout_correction
+from asyncrl.core.byo_agent import agent_samples, load_agent_runner, score_agent_samples, start_agent_runs
 from asyncrl.core.greedy_baseline import greedy_params, greedy_requests, with_greedy_results
 from asyncrl.core.lengths import LengthDistribution
 from asyncrl.core.metrics import advantage_metrics, sample_metrics
@@ -85,6 +86,8 @@ class PPOCore:
         # Multi-turn rollouts (rollout.multi_turn): each request becomes a trajectory of turns and tool calls.
         self.agent = AgentLoop.from_config(config.rollout.multi_turn, tokenizer) \
             if config.rollout.multi_turn.enable else None
+        # Your own agent (rollout.agent.path): each request is one run of it against a recording endpoint.
+        self.agents = load_agent_runner(config, tokenizer)
         self.use_reference = needs_reference(config)
         self.use_greedy_baseline = needs_greedy_baseline(config)
 
@@ -122,7 +125,10 @@ class PPOCore:
         return GenerationJob(list(prompts), num_samples, self.dispatch(requests, prompts, num_samples), with_greedy)
 
     def dispatch(self, requests: list, prompts: Sequence[TokenizedPrompt], num_samples: int) -> PendingGeneration:
-        """To the rollout backend, or through the agent loop with rollout.multi_turn."""
+        """To the rollout backend, through the agent loop with rollout.multi_turn, or to your own agent."""
+        if self.agents is not None:
+            records = [prompts[index // num_samples].record for index in range(len(requests))]
+            return start_agent_runs(self.agents, self.rollout, requests, records, self.config.ray.rpc_timeout_s)
         if self.agent is None:
             return self.rollout.start_generate(requests)
         num_sampled = len(prompts) * num_samples   # then one greedy request per prompt, if any
@@ -145,6 +151,11 @@ class PPOCore:
         if self.agent is not None:
             trajectories = job.pending.trajectories   # an AgentGeneration: one trajectory per request
             samples = [replace(sample, trajectory=trajectory) for sample, trajectory in zip(samples, trajectories)]
+        if self.agents is not None:   # an AgentRunsGeneration: each run gives the samples it recorded
+            samples = [sample for index, outcome in enumerate(job.pending.outcomes) for sample in
+                       agent_samples(job.prompts[index // num_samples], index // num_samples, index % num_samples,
+                                     outcome)]
+            metrics.update(self.agents.counters.metrics())
         return with_greedy_results(samples, results[num_sampled:]) if job.with_greedy else samples
 
     def compute_reward(self, samples: Sequence[Sample], metrics: dict[str, float],
@@ -152,7 +163,9 @@ class PPOCore:
         """Score samples. Training samples are also shaped (`reward.overlong_buffer`) and their greedy baselines
         scored (`core.training_reward`); validation scores are the reward function's alone."""
         with self.timed(metrics, "reward"):
-            if validation:
+            if self.agents is not None:   # scored by the agent's own reward
+                scored, reward_metrics = score_agent_samples(samples, self.config, validation)
+            elif validation:
                 scored, reward_metrics = score_samples(samples, self.reward, self.tokenizer)
             else:
                 scored, reward_metrics = score_for_training(samples, self.reward, self.tokenizer, self.config)

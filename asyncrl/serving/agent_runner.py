@@ -6,6 +6,13 @@ completions assembled into token-exact trajectories that share the reward it ret
     outcome.trajectories, outcome.score, outcome.extra          # one trajectory per unbroken history
     counters.add(outcome); counters.metrics()                   # {"agent/errors": ..., "agent/timeouts": ...}
 
+In training (`rollout.agent.path`), `AgentRunner` holds the loaded agent and its limits, and `runner.pool(rollout)`
+serves a recording endpoint over the run's rollout backend for as long as its `async with` lasts:
+
+    runner = AgentRunner.from_config(config, tokenizer, model_config)
+    async with runner.pool(generator, version=lambda: rollout.version) as pool:
+        outcome = await pool.run(request, record)     # request: its id names the run, its params the defaults
+
 The agent gets an `openai.AsyncOpenAI` whose requests record under a fresh session, and the prompt record
 (`messages`, `ground_truth`, `data_source`, `extra_info`). It returns a reward (a number) or a dict with a
 "reward" and extra metrics (numbers). An agent that raises, runs past `timeout_s` or returns anything else
@@ -15,21 +22,25 @@ scores 0 (its trajectories still train, with reward 0) and is counted; the run g
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import openai
 
+from asyncrl.config import AsyncRLConfig
 from asyncrl.data.records import PromptRecord
-from asyncrl.rollout.agent.recorded import assemble
-from asyncrl.rollout.agent.trajectory import Trajectory
+from asyncrl.engine import GenerationRequest, SamplingParams
+from asyncrl.models import TransformerConfig
+from asyncrl.rollout.agent.recorded import AgentCounters, AgentOutcome, assemble
 from asyncrl.serving.recording import RecordingEndpoint
+from asyncrl.serving.rollout_served import Generator, RolloutServedModel
 
 logger = logging.getLogger(__name__)
 
@@ -84,19 +95,11 @@ def reward_of(returned: Any) -> tuple[float, dict[str, float]]:
     return float(returned), {}
 
 
-@dataclass
-class AgentOutcome:
-    trajectories: list[Trajectory]      # every recorded completion, assembled; they share the score
-    score: float
-    extra: dict[str, float] = field(default_factory=dict)
-    error: Optional[str] = None         # what the agent raised or returned wrongly ("timeout after ..." on timeout)
-    is_timeout: bool = False
-
-
 async def run_agent(agent: AgentFunction, endpoint: RecordingEndpoint, record: PromptRecord, request_id: str,
-                    timeout_s: float) -> AgentOutcome:
-    """Runs the agent once under a fresh session; never raises for the agent's own failures."""
-    session = endpoint.open_session()
+                    timeout_s: float, defaults: Optional[SamplingParams] = None) -> AgentOutcome:
+    """Runs the agent once under a fresh session (whose requests default to `defaults`); never raises for the
+    agent's own failures."""
+    session = endpoint.open_session(defaults)
     client = endpoint.client(session)
     score, extra, error, is_timeout = 0.0, {}, None, False
     try:
@@ -113,20 +116,52 @@ async def run_agent(agent: AgentFunction, endpoint: RecordingEndpoint, record: P
     return AgentOutcome(assemble(request_id, turns), score, extra, error, is_timeout)
 
 
+class AgentPool:
+    """Agent runs against one recording endpoint, at most `max_concurrent` at once (0: no limit)."""
+
+    def __init__(self, runner: "AgentRunner", endpoint: RecordingEndpoint):
+        self.runner = runner
+        self.endpoint = endpoint
+        self.slots = asyncio.Semaphore(runner.max_concurrent) if runner.max_concurrent else None
+
+    async def run(self, request: GenerationRequest, record: PromptRecord) -> AgentOutcome:
+        """One run of the agent on `record`, named `request.request_id`, its requests defaulting to
+        `request.params` (the run's sampling, seed and per-turn token budget)."""
+        async with self.slots if self.slots is not None else contextlib.nullcontext():
+            outcome = await run_agent(self.runner.agent, self.endpoint, record, request.request_id,
+                                      self.runner.timeout_s, request.params)
+        self.runner.counters.add(outcome)
+        return outcome
+
+
 @dataclass
-class AgentCounters:
-    """Agent runs and their failures, as the step's metrics."""
-    num_runs: int = 0
-    num_errors: int = 0
-    num_timeouts: int = 0
-    num_samples: int = 0
+class AgentRunner:
+    """`rollout.agent.*` loaded: the agent, its limits, and what a recording endpoint over the run's rollout
+    backend needs to know of the model (its name for clients, context length, vocabulary)."""
+    agent: AgentFunction
+    timeout_s: float
+    max_concurrent: int
+    tokenizer: Any
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    counters: AgentCounters = field(default_factory=AgentCounters)
 
-    def add(self, outcome: AgentOutcome) -> None:
-        self.num_runs += 1
-        self.num_timeouts += int(outcome.is_timeout)
-        self.num_errors += int(outcome.error is not None and not outcome.is_timeout)
-        self.num_samples += len(outcome.trajectories)
+    @classmethod
+    def from_config(cls, config: AsyncRLConfig, tokenizer: Any, model_config: TransformerConfig) -> "AgentRunner":
+        settings = config.rollout.agent
+        return cls(load_agent(settings.path), settings.timeout_s, settings.max_concurrent, tokenizer,
+                   Path(config.model.path).name, model_config.max_position_embeddings, model_config.vocab_size)
 
-    def metrics(self) -> dict[str, float]:
-        return {"agent/runs": float(self.num_runs), "agent/errors": float(self.num_errors),
-                "agent/timeouts": float(self.num_timeouts), "agent/samples": float(self.num_samples)}
+    @contextlib.asynccontextmanager
+    async def pool(self, generator: Generator, version: Callable[[], int]) -> AsyncIterator[AgentPool]:
+        """A recording endpoint on 127.0.0.1 over `generator` (the rollout backend, or a batcher of its turns),
+        serving while the block runs; `version` gives the policy version responses report."""
+        served = RolloutServedModel(generator, self.tokenizer, self.model_name, self.max_model_len, self.vocab_size,
+                                    version)
+        endpoint = RecordingEndpoint(served)
+        await endpoint.start()
+        try:
+            yield AgentPool(self, endpoint)
+        finally:
+            await endpoint.stop()

@@ -3,24 +3,26 @@ completion of an agent run under that run's session.
 
     endpoint = RecordingEndpoint(served)                 # served: the process's ServedModel
     await endpoint.start()                               # uvicorn on 127.0.0.1, a free port
-    session = endpoint.open_session()                    # a fresh id; the agent's client sends it as its API key
+    session = endpoint.open_session(defaults)            # a fresh id; the agent's client sends it as its API key
     client = endpoint.client(session)                    # openai.AsyncOpenAI(base_url=.../v1, api_key=session)
     ...                                                  # the agent calls client.chat.completions.create(...)
     turns = endpoint.close_session(session)              # [GenerationResult]: ids, log-probs, versions as sampled
     await endpoint.stop()
 
 The session id travels as the bearer token, so one server serves every agent of the process and recordings
-never mix; a request under no open session gets 401 (it would train nothing). A completion hook on the
+never mix; a request under no open session gets 401 (it would train nothing). Only the OpenAI routes and
+/health are served (weights, pause and abort belong to the trainer). A completion hook on the
 `ServedModel` records each finished choice before its response is written, so when the agent's `await`
 returns the turn is recorded. What is recorded is what the client got: the engine's ids, log-probs and
-versions, cut where a stop string cut the text (never re-tokenized).
+versions, cut where a stop string cut the text (never re-tokenized). A session's `defaults` (SamplingParams)
+fill in what its requests leave out, on a `RolloutServedModel` (see rollout_served.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import openai
@@ -28,13 +30,15 @@ import uvicorn
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from asyncrl.engine import GenerationResult
+from asyncrl.engine import GenerationResult, SamplingParams
 from asyncrl.serving.app import ServerSettings, build_app
 from asyncrl.serving.choices import cut_at_stop
 from asyncrl.serving.protocol import error_body
+from asyncrl.serving.rollout_served import SESSION, Session
 from asyncrl.serving.served_model import CompletionEvent, ServedModel
 
 RECORDED_PREFIX = "/v1/"
+SERVED_ROUTES = frozenset({"/v1/models", "/v1/completions", "/v1/chat/completions", "/health"})
 BEARER = "Bearer "
 
 
@@ -56,7 +60,7 @@ class RecordingEndpoint:
         self.host = host
         self.start_timeout_s = start_timeout_s
         self.request_timeout_s = request_timeout_s
-        self.sessions: dict[str, list[GenerationResult]] = {}
+        self.sessions: dict[str, Session] = {}
         self.app = build_app(served, settings)
         self.app.middleware("http")(self.check_session)
         served.hooks.append(self.record)
@@ -99,16 +103,17 @@ class RecordingEndpoint:
         self.server, self.task, self.port = None, None, 0
 
     # ---- sessions ---------------------------------------------------------------------------------------
-    def open_session(self) -> str:
+    def open_session(self, defaults: Optional[SamplingParams] = None) -> str:
+        """A fresh session id; `defaults` sample what its requests leave out (a RolloutServedModel's)."""
         session = secrets.token_hex(16)
-        self.sessions[session] = []
+        self.sessions[session] = Session(defaults=defaults)
         return session
 
     def close_session(self, session: str) -> list[GenerationResult]:
         """The session's completions in the order they finished; later requests under it get 401."""
         if session not in self.sessions:
             raise RecordingError(f"recording session {session!r} is not open on {self.base_url}")
-        return self.sessions.pop(session)
+        return self.sessions.pop(session).turns
 
     def client(self, session: str) -> openai.AsyncOpenAI:
         """An `openai` client whose requests record under `session` (no retries: a retried request would be
@@ -117,20 +122,27 @@ class RecordingEndpoint:
                                   timeout=self.request_timeout_s)
 
     async def check_session(self, request: Request, call_next: Any) -> Response:
-        if request.url.path.startswith(RECORDED_PREFIX) and request.method == "POST":
-            if session_of(request.headers.get("authorization", "")) not in self.sessions:
+        path = request.url.path
+        if path not in SERVED_ROUTES:
+            message = (f"no route {request.method} {path} on a recording endpoint: it serves "
+                       f"{', '.join(sorted(SERVED_ROUTES))} (weights, pause and abort belong to the trainer)")
+            return JSONResponse(error_body(404, message), status_code=404)
+        if path.startswith(RECORDED_PREFIX) and request.method == "POST":
+            session = self.sessions.get(session_of(request.headers.get("authorization", "")))
+            if session is None:
                 message = ("no open recording session: the agent's client must send the session id it was given "
                            "as its API key (use the client passed to rollout(client, sample))")
                 return JSONResponse(error_body(401, message, code="invalid_api_key"), status_code=401)
+            SESSION.set(session)   # the request's own context: its sampling defaults, while it is served
         return await call_next(request)
 
     def record(self, event: CompletionEvent) -> None:
-        turns = self.sessions.get(session_of(event.headers.get("authorization", "")))
-        if turns is None:   # the session closed while its request ran: nothing trains on it
+        session = self.sessions.get(session_of(event.headers.get("authorization", "")))
+        if session is None:   # the session closed while its request ran: nothing trains on it
             return
         result = event.result
         choice = cut_at_stop(self.served.tokenizer, event.choice_index, result, event.request.stop_strings())
         is_cut = len(choice.token_ids) < result.num_response_tokens
-        turns.append(GenerationResult(result.request_id, result.prompt_ids, np.asarray(choice.token_ids, np.int32),
+        session.turns.append(GenerationResult(result.request_id, result.prompt_ids, np.asarray(choice.token_ids, np.int32),
                                       np.asarray(choice.log_probs, np.float32), np.asarray(choice.versions, np.int32),
                                       "stop" if is_cut else result.finish_reason))

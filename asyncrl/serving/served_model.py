@@ -65,6 +65,10 @@ class ServedModel:
     def max_model_len(self) -> int:
         return self.engine.engine.max_model_len
 
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.engine.model_config.vocab_size
+
     def queue_lengths(self) -> tuple[int, int]:
         """(running, waiting) sequences of the engine's scheduler, for /metrics."""
         scheduler = self.engine.engine.scheduler
@@ -90,7 +94,7 @@ class ServedModel:
             raise APIError(400, f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
                                 f"{len(prompt_ids)}, which leaves no room for a completion", param=param,
                            code="context_length_exceeded")
-        vocab_size = self.engine.engine.model_config.vocab_size
+        vocab_size = self.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
             raise APIError(400, f"prompt token ids must be in [0, {vocab_size})", param=param)
 

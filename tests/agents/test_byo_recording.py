@@ -16,7 +16,8 @@ from asyncrl.data.records import PromptRecord
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from asyncrl.models import build_tiny_model
 from asyncrl.rollout.agent.trajectory import MODEL_TOKEN, TOOL_TOKEN
-from asyncrl.serving.agent_runner import AgentCounters, run_agent
+from asyncrl.rollout.agent.recorded import AgentCounters
+from asyncrl.serving.agent_runner import run_agent
 from asyncrl.serving.recording import RecordingEndpoint
 from asyncrl.serving.served_model import ServedModel
 from asyncrl.train.sft import SFTSettings, run_sft
@@ -152,4 +153,4 @@ def test_an_agent_exception_or_timeout_scores_zero_and_is_counted(model):
     assert len(failed.trajectories) == 1 and failed.trajectories[0].ids.tolist() == seen[0].token_ids
     assert timed_out.score == 0.0 and timed_out.is_timeout and timed_out.trajectories == []
     assert counters.metrics() == {"agent/runs": 2.0, "agent/errors": 1.0, "agent/timeouts": 1.0,
-                                  "agent/samples": 1.0}
+                                  "agent/samples": 1.0, "agent/samples_across_versions": 0.0}

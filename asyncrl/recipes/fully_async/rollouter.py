@@ -29,6 +29,7 @@ yet on the queue.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import time
 from dataclasses import dataclass, field, replace
@@ -37,6 +38,7 @@ from typing import Any, Optional
 import ray
 
 from asyncrl.config import AsyncRLConfig, needs_greedy_baseline
+from asyncrl.core.byo_agent import agent_samples, load_agent_runner, run_result, score_agent_samples
 from asyncrl.core.dynamic_sampling import DynamicSamplingError, FilterWindow, has_signal
 from asyncrl.core.greedy_baseline import GREEDY_SUFFIX, greedy_params
 from asyncrl.core.lengths import LengthDistribution
@@ -66,6 +68,7 @@ class Group:
     scored: list[Sample] = field(default_factory=list)
     num_samples: int = -1     # rollout.n; -1: every slot is a sampled response (no greedy slot)
     trajectories: dict[int, Trajectory] = field(default_factory=dict)   # rollout.multi_turn: each slot's log
+    agent_samples: dict[int, list[Sample]] = field(default_factory=dict)   # rollout.agent: each finished run's
 
     @property
     def is_generated(self) -> bool:
@@ -77,6 +80,8 @@ class Group:
 
     def samples(self) -> list[Sample]:
         """The sampled responses as samples (group index 0: the trainer renumbers), the greedy one riding on each."""
+        if self.agent_samples:   # rollout.agent: a run gives as many samples as it recorded histories
+            return [sample for slot in sorted(self.agent_samples) for sample in self.agent_samples[slot]]
         greedy = None if self.greedy_slot is None else self.results[self.greedy_slot]
         sampled = self.results if self.greedy_slot is None else self.results[:self.greedy_slot]
         return [Sample(self.prompt, 0, slot, result, greedy=greedy, trajectory=self.trajectories.get(slot))
@@ -104,6 +109,10 @@ class Rollouter(RolloutHost):
         # Multi-turn rollouts (rollout.multi_turn): each slot of a group is a trajectory of turns and tool calls.
         self.agent = AgentLoop.from_config(config.rollout.multi_turn, tokenizer) \
             if config.rollout.multi_turn.enable else None
+        # Your own agent (rollout.agent.path): each slot is one run of it against this actor's recording endpoint.
+        self.agents = load_agent_runner(config, tokenizer)
+        self.agent_pool = None                      # serving while `run` runs
+        self.serving = contextlib.AsyncExitStack()
         self.in_flight: dict[int, Group] = {}      # admitted, generating (or parked after an abort)
         self.unqueued: dict[int, Group] = {}       # generated, being scored and put on the queue
         self.next_serial = 0
@@ -136,6 +145,9 @@ class Rollouter(RolloutHost):
         await self.queue.restore(queued)
         self.budget.charged = len(parked) + len(queued)
         self.rollout.activity().restart()
+        if self.agents is not None:
+            self.agent_pool = await self.serving.enter_async_context(self.agents.pool(self.rollout,
+                                                                                      lambda: self.version))
         tasks = [asyncio.create_task(self.run_group(group)) for group in parked]
         while True:
             await self.wait_for_admission()
@@ -148,6 +160,7 @@ class Rollouter(RolloutHost):
             self.admitted_in_version += 1
             tasks.append(asyncio.create_task(self.run_group(group)))
         await asyncio.gather(*tasks)
+        await self.serving.aclose()
         await self.queue.close()
         return {**self.counters, **self.rollout.health().metrics()}
 
@@ -201,8 +214,11 @@ class Rollouter(RolloutHost):
     async def score(self, batch: list[Group]) -> None:
         """Score the groups' samples (and greedy baselines) in one call; each group keeps its scored samples."""
         samples = [member.samples() for member in batch]
-        scored, _ = await asyncio.to_thread(score_for_training, [sample for group in samples for sample in group],
-                                            self.reward, self.tokenizer, self.config)
+        flat = [sample for group in samples for sample in group]
+        if self.agents is not None:   # scored by the agent's own reward
+            scored, _ = score_agent_samples(flat, self.config, validation=False)
+        else:
+            scored, _ = await asyncio.to_thread(score_for_training, flat, self.reward, self.tokenizer, self.config)
         start = 0
         for member, group in zip(batch, samples):
             member.scored, start = scored[start:start + len(group)], start + len(group)
@@ -244,6 +260,8 @@ class Rollouter(RolloutHost):
         one engine; the rollout chooses the engine and starts the requests again elsewhere if it dies."""
         if self.agent is not None:
             return await self.run_trajectories(group, slots)
+        if self.agents is not None:
+            return await self.run_agents(group, slots)
         requests = []
         for slot in slots:
             if slot == group.greedy_slot:
@@ -277,6 +295,19 @@ class Rollouter(RolloutHost):
             return trajectory.as_result()
 
         return list(await asyncio.gather(*(advance(slot) for slot in slots)))
+
+    async def run_agents(self, group: Group, slots: list[int]) -> list[GenerationResult]:
+        """Your own agent: one run per slot, all at once. A weight sync during a run does not stop it: a completion
+        aborted by the pause continues on the new weights when generation resumes (the versions show both)."""
+        async def run(slot: int) -> GenerationResult:
+            seed = request_seed(self.config.rollout.seed, group.prompt.record.prompt_id, slot, f"epoch{group.epoch}")
+            request = GenerationRequest(f"g{group.serial}/{slot}", group.prompt.prompt_ids,
+                                        request_params(self.params, seed, self.lengths))
+            outcome = await self.agent_pool.run(request, group.prompt.record)
+            group.agent_samples[slot] = agent_samples(group.prompt, 0, slot, outcome)
+            return run_result(request, outcome)
+
+        return list(await asyncio.gather(*(run(slot) for slot in slots)))
 
     def greedy_request(self, group: Group) -> GenerationRequest:
         """The group's greedy response (temperature 0, the whole token budget), new or resumed after an abort."""
@@ -382,7 +413,8 @@ class Rollouter(RolloutHost):
                 "fully_async/rollouter/budget_charged": float(self.budget.charged),
                 "fully_async/rollouter/budget_per_version": float(self.budget.max_per_version),
                 **{f"fully_async/count/{name}": float(value) for name, value in counters.items()},
-                **health.metrics(), **self.reward.metrics()}
+                **health.metrics(), **self.reward.metrics(),
+                **(self.agents.counters.metrics() if self.agents is not None else {})}
 
 
 # Every blocking ray.get of this actor runs in a worker thread (asyncio.to_thread: building the replica set, the

@@ -2,6 +2,8 @@
 
     turns = [result_1, result_2, ...]          # each completion as the engine returned it (GenerationResult)
     trajectories = assemble("g3/0", turns)     # usually one; more when the agent rewrote its history
+    outcome = AgentOutcome(trajectories, score=1.0)   # one agent run: its trajectories share its reward
+    counters.add(outcome); counters.metrics()  # agent/runs, agent/errors, agent/timeouts, agent/samples, ...
 
 A turn whose prompt ids start with an earlier trajectory's context (its prompt, then every token after it)
 continues that trajectory: the ids in between (the chat template's markup after the model's reply, tool
@@ -14,12 +16,13 @@ than it sampled) starts a new trajectory. The ids compared are the engine's, nev
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
 from asyncrl.engine import GenerationResult
-from asyncrl.rollout.agent.trajectory import Trajectory
+from asyncrl.rollout.agent.trajectory import MODEL_TOKEN, Trajectory
 
 
 def extends(prompt_ids: np.ndarray, context_ids: np.ndarray) -> bool:
@@ -53,3 +56,41 @@ def assemble(request_id: str, turns: Sequence[GenerationResult]) -> list[Traject
         trajectory.append_model(turn)
         trajectory.finish_reason = "length" if turn.finish_reason == "length" else "stop"
     return trajectories
+
+
+@dataclass
+class AgentOutcome:
+    """One run of a user's agent: every recorded completion, assembled; they share the score it returned."""
+    trajectories: list[Trajectory]
+    score: float
+    extra: dict[str, float] = field(default_factory=dict)
+    error: Optional[str] = None         # what the agent raised or returned wrongly ("... timeout_s ..." on timeout)
+    is_timeout: bool = False
+
+
+def spans_versions(trajectory: Trajectory) -> bool:
+    """Its model tokens were sampled by more than one policy version (a weight sync during the run)."""
+    versions = trajectory.versions[trajectory.loss_mask == MODEL_TOKEN]
+    return versions.size > 0 and int(versions.min()) != int(versions.max())
+
+
+@dataclass
+class AgentCounters:
+    """Agent runs and their failures since the run started, as metrics."""
+    num_runs: int = 0
+    num_errors: int = 0
+    num_timeouts: int = 0
+    num_samples: int = 0
+    num_samples_across_versions: int = 0
+
+    def add(self, outcome: AgentOutcome) -> None:
+        self.num_runs += 1
+        self.num_timeouts += int(outcome.is_timeout)
+        self.num_errors += int(outcome.error is not None and not outcome.is_timeout)
+        self.num_samples += len(outcome.trajectories)
+        self.num_samples_across_versions += sum(spans_versions(trajectory) for trajectory in outcome.trajectories)
+
+    def metrics(self) -> dict[str, float]:
+        return {"agent/runs": float(self.num_runs), "agent/errors": float(self.num_errors),
+                "agent/timeouts": float(self.num_timeouts), "agent/samples": float(self.num_samples),
+                "agent/samples_across_versions": float(self.num_samples_across_versions)}
