@@ -87,6 +87,12 @@ def find_resume_checkpoint(config: AsyncRLConfig, output_dir: Path) -> Optional[
         return None
     if setting == "auto":
         return CheckpointManager(output_dir / "checkpoints", config.trainer.max_checkpoints).find_resumable()
+    # A named checkpoint is verified as `auto` verifies each, but refused rather than skipped: the user chose it.
+    problem = CheckpointManager.check(Path(setting))
+    if problem is not None:
+        raise IncompatibleCheckpointError(f"cannot resume from {setting} (trainer.resume): {problem}. Name another "
+                                          f"checkpoint, trainer.resume=auto for the newest intact one, or "
+                                          f"trainer.resume=disable.")
     return Path(setting)
 
 

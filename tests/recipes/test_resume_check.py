@@ -119,3 +119,16 @@ def test_a_data_cursor_that_does_not_fit_the_data_is_refused_before_ray(tmp_path
     with pytest.raises(IncompatibleCheckpointError, match=r"its data cursor does not fit the training data "
                                                           r"\(sampler state is for 64 prompts.*this sampler has 50"):
         check_resume(config, tmp_path, 50)
+
+
+def test_a_named_checkpoint_whose_file_was_altered_is_refused_before_ray(tmp_path):
+    """trainer.resume=PATH is verified as `auto` verifies each checkpoint; a named one is refused, not skipped."""
+    config = make_config(tmp_path)
+    folder = write_checkpoint(config, 1, 32)
+    named = make_config(tmp_path, f"trainer.resume={folder}")
+    assert check_resume(named, tmp_path, NUM_PROMPTS) == ResumePoint(folder, 1)
+    (folder / "trainer" / "rank_0.json").write_text("[]")   # the same size (2 bytes), other content
+    with pytest.raises(IncompatibleCheckpointError) as raised:
+        check_resume(named, tmp_path, NUM_PROMPTS)
+    assert str(raised.value).startswith(f"cannot resume from {folder} (trainer.resume): trainer/rank_0.json does not "
+                                        f"match its SHA-256")
