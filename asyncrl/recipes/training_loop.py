@@ -289,4 +289,5 @@ class TrainingLoop:
                 if sample.trajectory is not None:
                     record["token_versions"] = sample.result.response_versions.tolist()
                     record["loss_mask"] = sample.loss_mask.tolist()
+                    record["response_ids"] = sample.result.response_ids.tolist()   # what trained, token-exact
                 handle.write(json.dumps(record) + "\n")
