@@ -137,7 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncrl", description="RL post-training for language models: "
                                      "sync, one-step-off and fully-async PPO/GRPO on Ray.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_commands in (add_demo_command, add_training_commands, add_tool_commands, add_inspection_commands):
+        add_commands(commands)
+    return parser
 
+
+def add_demo_command(commands: argparse._SubParsersAction) -> None:
     # The demo's registry is read when the demo runs (an unknown --task is an error listing it): importing the
     # composition root here would slow every command down.
     demo = commands.add_parser("demo", help="the main job: make the arithmetic task, build a tiny model, "
@@ -155,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides of the RL run")
     demo.set_defaults(run=command_demo)
 
+
+def add_training_commands(commands: argparse._SubParsersAction) -> None:
     train = commands.add_parser("train", help="train with CONFIG.yaml plus key=value overrides")
     train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value]")
     train.set_defaults(run=command_train)
@@ -169,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--seed", type=int, default=0)
     sft.set_defaults(run=command_sft)
 
+
+def add_tool_commands(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser("bench", help="benchmarks: engine, trainer, sync (weight sync), modes",
                                 description="Each benchmark has its own flags (asyncrl bench engine --help). Results "
                                 "go under outputs/bench/ in the current directory unless --output or --results-dir "
@@ -181,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(serve)
     serve.set_defaults(run=command_serve)
 
+
+def add_inspection_commands(commands: argparse._SubParsersAction) -> None:
     config = commands.add_parser("config", help="inspect configs")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
     show = config_commands.add_parser("show", help="print the resolved config of [CONFIG.yaml] [key=value ...]")
@@ -210,7 +221,6 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="task difficulty knob")
     make.set_defaults(run=command_data_make)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
