@@ -21,6 +21,7 @@ import operator
 
 FEEDBACK = "no. "   # what the agent says before repeating the question
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+served_models: list[str] = []   # the served model's name, asked once per process (it does not change in a run)
 
 
 def calculate(expression: str) -> int:
@@ -42,7 +43,9 @@ def is_right(answer: str, question: str) -> bool:
 
 async def rollout(client, sample) -> dict[str, float]:
     """client: openai.AsyncOpenAI (recording this run); sample: the prompt record (messages, ground_truth, ...)."""
-    model = (await client.models.list()).data[0].id
+    if not served_models:
+        served_models.append((await client.models.list()).data[0].id)
+    model = served_models[0]
     messages = [dict(message) for message in sample.messages]
     question = messages[-1]["content"]
     reply = await client.chat.completions.create(model=model, messages=messages)

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import ssl
 from typing import Any, Optional
 
+import httpx
 import numpy as np
 import openai
 import uvicorn
@@ -65,6 +67,9 @@ class RecordingEndpoint:
         self.app.middleware("http")(self.check_session)
         served.hooks.append(self.record)
         self.server: uvicorn.Server | None = None
+        # Built once: an httpx client builds a TLS context per client otherwise, loading the certificates (~60 ms of
+        # CPU each) for every agent run, though the endpoint is plain HTTP on loopback.
+        self.tls = ssl.create_default_context()
         self.task: asyncio.Task | None = None
         self.port = 0
 
@@ -78,8 +83,10 @@ class RecordingEndpoint:
     async def start(self) -> None:
         """Serves on a free port of `host` in this event loop; raises naming the endpoint when it does not come
         up within start_timeout_s."""
+        # Idle connections are kept as long as a request may take: an agent's client reusing one the server is
+        # closing at that moment would fail its request (the client does not retry, see `client`).
         config = uvicorn.Config(self.app, host=self.host, port=0, log_level="warning", lifespan="off",
-                                access_log=False)
+                                access_log=False, timeout_keep_alive=int(self.request_timeout_s))
         self.server = uvicorn.Server(config)
         self.task = asyncio.create_task(self.server.serve())
         deadline = asyncio.get_running_loop().time() + self.start_timeout_s
@@ -117,9 +124,11 @@ class RecordingEndpoint:
 
     def client(self, session: str) -> openai.AsyncOpenAI:
         """An `openai` client whose requests record under `session` (no retries: a retried request would be
-        recorded twice)."""
-        return openai.AsyncOpenAI(base_url=self.base_url, api_key=session, max_retries=0,
-                                  timeout=self.request_timeout_s)
+        recorded twice); `await client.close()` when done."""
+        base_url = self.base_url
+        http = httpx.AsyncClient(verify=self.tls, timeout=self.request_timeout_s)
+        return openai.AsyncOpenAI(base_url=base_url, api_key=session, max_retries=0, timeout=self.request_timeout_s,
+                                  http_client=http)
 
     async def check_session(self, request: Request, call_next: Any) -> Response:
         path = request.url.path

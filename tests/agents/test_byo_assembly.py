@@ -49,3 +49,13 @@ def test_load_agent_finds_an_async_function_in_a_file_and_names_a_bad_path(tmp_p
         load_agent(f"{tmp_path / 'missing.py'}:rollout")
     with pytest.raises(AgentLoadError, match="'file.py:function'"):
         load_agent("rollout")
+
+
+def test_an_agent_file_that_fails_at_import_is_named(tmp_path):
+    file = tmp_path / "agent.py"
+    file.write_text("import not_a_package_anywhere\n\nasync def rollout(client, sample):\n    return 1.0\n")
+    with pytest.raises(AgentLoadError, match=r"agent.py failed to import: ModuleNotFoundError: No module named "
+                                             r"'not_a_package_anywhere'"):
+        load_agent(f"{file}:rollout")
+    with pytest.raises(AgentLoadError, match=r"'no_such_agents:rollout': no_such_agents failed to import"):
+        load_agent("no_such_agents:rollout")

@@ -16,6 +16,9 @@ from asyncrl.data.records import PromptRecord
 from asyncrl.engine import AsyncEngine, EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from asyncrl.models import build_tiny_model, iter_named_tensors, load_model, load_tokenizer, read_config
 from asyncrl.serving.agent_runner import AgentRunner
+from asyncrl.serving.app import ServerSettings
+from asyncrl.serving.recording import RecordingEndpoint, RecordingError
+from asyncrl.serving.rollout_served import RolloutServedModel
 
 ENGINE = EngineConfig(device="cpu", cpu_kv_cache_mb=16)
 RECORD = PromptRecord("train.jsonl:0", [{"role": "user", "content": "12+34="}], "test", "46")
@@ -144,3 +147,24 @@ def test_only_the_openai_routes_are_served_and_only_under_an_open_session(model)
     assert seen["health"].status_code == 200
     assert generator.requests == [] and outcome.trajectories == []
     assert runner.counters.metrics()["agent/runs"] == 1.0
+
+
+def test_a_recording_endpoint_used_wrongly_names_itself(model):
+    config, _ = read_config(model)
+    served = RolloutServedModel(EngineGenerator(None), load_tokenizer(model), "policy", 128, config.vocab_size)
+    with pytest.raises(RecordingError, match="takes the session id as its API key; settings.api_key must be empty"):
+        RecordingEndpoint(served, ServerSettings(api_key="secret"))
+    endpoint = RecordingEndpoint(served)
+    with pytest.raises(RecordingError, match=r"the recording endpoint is not started: await endpoint.start\(\)"):
+        endpoint.client(endpoint.open_session())
+
+    async def close_twice():
+        await endpoint.start()
+        try:
+            session = endpoint.open_session()
+            assert endpoint.close_session(session) == []
+            endpoint.close_session(session)
+        finally:
+            await endpoint.stop()
+    with pytest.raises(RecordingError, match=r"recording session '[0-9a-f]{32}' is not open on http://127.0.0.1:\d+/v1"):
+        asyncio.run(close_twice())
