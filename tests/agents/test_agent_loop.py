@@ -17,6 +17,7 @@ from asyncrl.rollout.agent import Trajectory
 from asyncrl.rollout.agent.generation import start_agent_generation
 from asyncrl.rollout.agent.loop import AgentLoop
 from asyncrl.rollout.agent.metrics import agent_metrics, tool_spans
+from asyncrl.rollout.backend import PendingGeneration, WorkerOutput
 from asyncrl.config.schema import MultiTurnConfig
 
 CALL = '<tool_call>{"name": "calc", "arguments": {"expr": "1234*5678"}}</tool_call>'
@@ -148,20 +149,25 @@ def test_metrics_count_turns_calls_failures_and_tokens_by_source(agent, tokenize
     assert [span[0] for span in tool_spans([good, bad, plain])] == ["tool:calc", "tool:x"]
 
 
-class CountingGenerator(ScriptedGenerator):
-    """Records the size of every generate call."""
+class CountingBackend(ScriptedGenerator):
+    """The driver's side of a backend (`start_generate`, as the driver stages dispatch a batch): records the
+    size of every call, and holds its awaitable `generate` closed, as a paused backend's gate is."""
 
     def __init__(self, tokenizer, texts):
         super().__init__(tokenizer, texts)
         self.call_sizes: list[int] = []
 
     async def generate(self, requests):
+        raise AssertionError("the driver's stages dispatch with start_generate; generate waits at a pause gate")
+
+    def start_generate(self, requests):
         self.call_sizes.append(len(requests))
-        return [(await ScriptedGenerator.generate(self, [request]))[0] for request in requests]
+        results = [asyncio.run(ScriptedGenerator.generate(self, [request]))[0] for request in requests]
+        return PendingGeneration.finished(requests, [WorkerOutput("scripted", results, 0.0)], 0.0)
 
 
 def test_the_driver_batches_turns_across_trajectories_and_returns_them_in_order(agent, tokenizer):
-    generator = CountingGenerator(tokenizer, [CALL, "7006652"])
+    generator = CountingBackend(tokenizer, [CALL, "7006652"])
     requests = [GenerationRequest(f"s/{index}", start(tokenizer).prompt_ids, SamplingParams(max_new_tokens=200,
                                                                                               seed=index))
                 for index in range(6)]

@@ -21,7 +21,7 @@ from typing import Any, Optional
 from asyncrl.engine import GenerationRequest, GenerationResult
 from asyncrl.rollout.agent.loop import AgentLoop, Generator
 from asyncrl.rollout.agent.trajectory import Trajectory
-from asyncrl.rollout.backend import PendingGeneration, RolloutError, WorkerOutput
+from asyncrl.rollout.backend import PendingGeneration, RolloutBackend, RolloutError, WorkerOutput
 
 BATCH_WINDOW_S = 0.02   # how long a turn waits for others before its batch goes out
 
@@ -85,6 +85,19 @@ class AgentGeneration(PendingGeneration):
     trajectories: list[Trajectory] = field(default_factory=list)
 
 
+class DispatchedTurns:
+    """The driver stages' way into a backend: each batch of turns is dispatched with `start_generate` and
+    collected in a worker thread, the path a single-turn batch takes. The awaitable `generate` waits at the
+    backend's pause gate instead, which the fully-async rollouter holds closed during its syncs and after the
+    last step, while the driver still validates."""
+
+    def __init__(self, rollout: RolloutBackend):
+        self.rollout = rollout
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return await asyncio.to_thread(lambda: self.rollout.start_generate(requests).results())
+
+
 async def run_trajectories(rollout: Generator, agent: AgentLoop, requests: list[GenerationRequest],
                            extra_infos: list[dict[str, Any]]) -> list[Trajectory]:
     batcher = TurnBatcher(rollout, len(requests))
@@ -103,7 +116,7 @@ async def run_trajectories(rollout: Generator, agent: AgentLoop, requests: list[
     return list(await asyncio.gather(*(one(request, info) for request, info in zip(requests, extra_infos))))
 
 
-def start_agent_generation(rollout: Generator, agent: AgentLoop, requests: list[GenerationRequest],
+def start_agent_generation(rollout: RolloutBackend, agent: AgentLoop, requests: list[GenerationRequest],
                            extra_infos: list[dict[str, Any]], timeout_s: float) -> AgentGeneration:
     """Runs the trajectories in a thread with its own event loop and returns at once; `results()` waits at
     most `timeout_s` and names the agent loop when it runs past."""
@@ -112,7 +125,8 @@ def start_agent_generation(rollout: Generator, agent: AgentLoop, requests: list[
 
     def work() -> None:
         try:
-            outcome["trajectories"] = asyncio.run(run_trajectories(rollout, agent, list(requests), extra_infos))
+            outcome["trajectories"] = asyncio.run(run_trajectories(DispatchedTurns(rollout), agent, list(requests),
+                                                                   extra_infos))
         except BaseException as error:   # re-raised in the collecting thread
             outcome["error"] = error
         outcome["seconds"] = time.monotonic() - started
