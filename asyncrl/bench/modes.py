@@ -80,7 +80,8 @@ def tool_workload(results_dir: Path, root: Path, latency: str) -> tuple[Path, Pa
     tools.write_text(f"tools:\n  - class_name: calculator\n    config: {{latency: \"{latency}\", timeout_s: 60}}\n")
     overrides = [override for override in DEMO_TASKS["tools"].overrides
                  if not override.startswith(("rollout.multi_turn.tool_config_path", "trainer.test_freq", "rollout.n=",
-                                             "actor.ppo_mini_batch_size", "data.val_batch_size"))]
+                                             "actor.ppo_mini_batch_size", "data.val_batch_size", "trainer.total_steps",
+                                             "data.train_batch_size"))]
     return setup.model, setup.train_file, setup.val_file, [*overrides, f"rollout.multi_turn.tool_config_path={tools}",
                                                           "rollout.ignore_eos=false", "rollout.length_distribution=",
                                                           "trainer.test_freq=-1"]
