@@ -45,7 +45,9 @@ def main() -> None:
         synchronize(worker.device)
         wall = time.perf_counter() - started
     events = trace.key_averages()
-    device_time = sum(event.self_device_time_total for event in events) / 1e6
+    # Kernels alone (an operator's row repeats the time of the kernels it launched).
+    device_time = sum(event.device_time for event in trace.events()
+                      if event.device_type == torch.autograd.DeviceType.CUDA) / 1e6
     name = f"{options.model}{'_graphs' if options.cuda_graphs else ''}"
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
