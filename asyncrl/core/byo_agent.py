@@ -8,9 +8,11 @@ backend, and each run gives the samples its recorded completions assemble to, sc
     samples = agent_samples(prompt, group_index, sample_index, outcome)          # 0, 1 or more per run
     samples, metrics = score_agent_samples(samples, config, validation=False)   # reward shaping only
 
-The driver's stages (sync, one_step_off) run a batch's agents in a thread with an event loop of its own, the
-endpoint serving there while they run, so one_step_off trains while the next batch's agents talk to it; their
-completions are gathered into shared `generate` calls (`TurnBatcher`). The fully-async rollouter runs them in
+The driver's stages (sync, one_step_off, and validation in every mode) run a batch's agents in a thread with an
+event loop of its own, the endpoint serving there while they run, so one_step_off trains while the next batch's
+agents talk to it; their completions are gathered into shared calls (`TurnBatcher`) dispatched as the stages'
+own generation is (`start_generate`: a fully-async pause does not hold it, so validation after the last sync
+runs). The fully-async rollouter runs them in
 its own loop, one endpoint for the whole run. The serving room brings fastapi, uvicorn and openai (the
 `agents` extra), which a run without an agent never imports: `load_agent_runner` is the one place that does.
 """
@@ -62,9 +64,13 @@ def run_result(request: GenerationRequest, outcome: AgentOutcome) -> GenerationR
     return GenerationResult(request.request_id, request.prompt_ids, empty, np.zeros(0, np.float32), empty, "stop")
 
 
-def agent_samples(prompt: TokenizedPrompt, group_index: int, sample_index: int,
-                  outcome: AgentOutcome) -> list[Sample]:
-    """One scored sample per trajectory of the run (none when it recorded nothing), each with the run's reward."""
+def agent_samples(prompt: TokenizedPrompt, group_index: int, sample_index: int, outcome: AgentOutcome,
+                  empty: Optional[GenerationResult] = None) -> list[Sample]:
+    """One scored sample per trajectory of the run, each with the run's reward. A run that recorded nothing gives
+    no sample to train, or, given `empty` (validation: every run counts), one sample of that empty result."""
+    if not outcome.trajectories and empty is not None:
+        return [Sample(prompt, group_index, sample_index, empty, score=outcome.score,
+                       reward_extra=dict(outcome.extra), reward_error=outcome.error)]
     return [Sample(prompt, group_index, sample_index, trajectory.as_result(), score=outcome.score,
                    reward_extra=dict(outcome.extra), reward_error=outcome.error, trajectory=trajectory)
             for trajectory in outcome.trajectories]
@@ -87,9 +93,20 @@ class AgentRunsGeneration(PendingGeneration):
     outcomes: list[AgentOutcome] = field(default_factory=list)
 
 
+class Dispatched:
+    """`generate` through the backend's `start_generate`, collected in a worker thread (some backends run a
+    dispatched batch before returning)."""
+
+    def __init__(self, rollout: RolloutBackend):
+        self.rollout = rollout
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return await asyncio.to_thread(lambda: self.rollout.start_generate(requests).results())
+
+
 async def run_batch(runner: "AgentRunner", rollout: RolloutBackend, requests: list[GenerationRequest],
                     records: list[PromptRecord]) -> list[AgentOutcome]:
-    batcher = TurnBatcher(rollout, len(requests))
+    batcher = TurnBatcher(Dispatched(rollout), len(requests))
     async with runner.pool(batcher, lambda: rollout.version) as pool:
         async def one(request: GenerationRequest, record: PromptRecord) -> AgentOutcome:
             try:

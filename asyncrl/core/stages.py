@@ -63,6 +63,7 @@ class GenerationJob:
     num_samples: int
     pending: PendingGeneration
     with_greedy: bool = False   # one greedy request per prompt follows the sampled ones (remax's baseline)
+    validation: bool = False
 
 
 class PPOCore:
@@ -122,7 +123,8 @@ class PPOCore:
             salts = [salts] * len(prompts) if isinstance(salts, str) else list(salts)
             requests += greedy_requests(prompts, salts, greedy_params(self.config.data.max_response_length,
                                                                       self.config.rollout.ignore_eos))
-        return GenerationJob(list(prompts), num_samples, self.dispatch(requests, prompts, num_samples), with_greedy)
+        return GenerationJob(list(prompts), num_samples, self.dispatch(requests, prompts, num_samples), with_greedy,
+                             validation)
 
     def dispatch(self, requests: list, prompts: Sequence[TokenizedPrompt], num_samples: int) -> PendingGeneration:
         """To the rollout backend, through the agent loop with rollout.multi_turn, or to your own agent."""
@@ -154,7 +156,7 @@ class PPOCore:
         if self.agents is not None:   # an AgentRunsGeneration: each run gives the samples it recorded
             samples = [sample for index, outcome in enumerate(job.pending.outcomes) for sample in
                        agent_samples(job.prompts[index // num_samples], index // num_samples, index % num_samples,
-                                     outcome)]
+                                     outcome, empty=results[index] if job.validation else None)]
             metrics.update(self.agents.counters.metrics())
         return with_greedy_results(samples, results[num_sampled:]) if job.with_greedy else samples
 

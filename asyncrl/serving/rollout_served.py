@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from typing import Any, Optional, Protocol
 
 from asyncrl.engine import GenerationRequest, GenerationResult, SamplingParams
@@ -70,12 +71,12 @@ class RolloutServedModel(ServedModel):
     weights), and the recording endpoint serves only its OpenAI routes."""
 
     def __init__(self, generator: Generator, tokenizer: Any, name: str, max_model_len: int, vocab_size: int,
-                 version: Any = None):
+                 version: Optional[Callable[[], int]] = None):
         super().__init__(engine=None, tokenizer=tokenizer, name=name, folder=name)
         self.generator = generator
         self.model_len = max_model_len
         self.num_tokens = vocab_size
-        self.version_of = version   # () -> int: the backend's current version, for responses' weight_version
+        self.version_of = version   # the backend's current version, for the responses' weight_version
 
     @property
     def version(self) -> int:
