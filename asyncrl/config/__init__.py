@@ -5,8 +5,9 @@ from asyncrl.config.environment import check_environment
 from asyncrl.config.errors import ConfigError
 from asyncrl.config.invariants import needs_critic, needs_greedy_baseline, needs_reference, prompts_per_step
 from asyncrl.config.loader import dump_config, load_config
+from asyncrl.config.rollout_schema import RolloutConfig
 from asyncrl.config.schema import (ActorConfig, AlgorithmConfig, AsyncRLConfig, AsyncTrainingConfig, CriticConfig,
-                                   DataConfig, ModelConfig, RolloutConfig, RolloutCorrectionConfig, TrainerConfig)
+                                   DataConfig, ModelConfig, RolloutCorrectionConfig, TrainerConfig)
 
 __all__ = [
     "ActorConfig", "AlgorithmConfig", "AsyncRLConfig", "AsyncTrainingConfig", "ConfigError", "CriticConfig",

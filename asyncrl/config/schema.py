@@ -17,26 +17,14 @@ from typing import Literal, Optional
 from asyncrl.algos import (ADVANTAGE_ESTIMATORS, CORRECTION_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES,
                            REJECTION_LEVELS, ROLLOUT_CORRECTION_PRESETS)
 from asyncrl.config.fields import option, section
+from asyncrl.config.limits import MAX_SEED, MAX_WAIT_S
+from asyncrl.config.reward_schema import RewardConfig
+from asyncrl.config.rollout_schema import RolloutConfig
 
 Mode = Literal["sync", "one_step_off", "fully_async"]
 
-# The longest wait any timeout may ask for. The operating system's poll, which the reward processes are waited
-# on with, takes at most 2**31 - 1 milliseconds (24.8 days); a round bound below it, for every timeout alike.
-MAX_WAIT_S = 1e6
-# The largest KV-cache block. Larger blocks decode no faster (the Triton kernel's largest tile is 512
-# positions, at head dimension 16; the CUDA kernel's is 16) and waste KV memory, since every sequence holds
-# whole blocks: a huge one leaves no block at all within the cache budget, which an engine finds only once
-# it starts.
-MAX_BLOCK_SIZE = 512
-# Seeds: numpy takes non-negative ones only; the trainer derives per-step seeds as seed x 100019 + step,
-# which stays within torch's 64 bits below this bound.
-MAX_SEED = 2**32 - 1
-# Memory limits become bytes for setrlimit, a signed 64-bit number; 2**30 MiB (1 PiB) is far below it.
-MAX_MEMORY_MB = 2**30
-DecodeAttention = Literal["auto", "triton", "cuda"]
 # What dynamic sampling compares within a group (verl's algorithm.filter_groups.metric): see FilterGroupsConfig.
 FilterMetric = Literal["acc", "score", "seq_reward"]
-DecodeProducts = Literal["auto", "fused", "torch"]
 
 
 # The projections LoRA can adapt (model.target_modules), in layer order; "all-linear" means all of them.
@@ -93,126 +81,6 @@ class DataConfig:
     max_unrepresentable_char_fraction: float = option(
         0.01, "warn when more than this fraction of the prompt characters cannot be represented by the tokenizer "
               "(they become its unknown token or vanish in an encode/decode round trip)", ge=0.0, le=1.0)
-
-
-@dataclass
-class ValSamplingConfig:
-    n: int = option(1, "responses per validation prompt; > 1 reports pass@n", gt=0)
-    temperature: float = option(0.0, "validation temperature; 0 is greedy", ge=0.0)
-    top_p: float = option(1.0, "validation nucleus threshold", gt=0.0, le=1.0)
-    top_k: int = option(-1, "validation top-k; -1 disables", ge=1, also_allowed=(-1,))
-
-
-ToolResponseTruncateSide = Literal["left", "right", "middle"]
-
-
-@dataclass
-class MultiTurnConfig:
-    enable: bool = option(False, "multi-turn agentic rollouts: the model may call tools (docs/agents.md); a sample "
-                                 "is the prompt, the model's turns and the tool results, which do not train")
-    max_assistant_turns: int = option(5, "model turns per trajectory; a trajectory still calling tools after the "
-                                         "last one ends there", gt=0)
-    max_parallel_calls: int = option(1, "tool calls of one turn run at once; further calls of the turn get an "
-                                        "error message instead of running", gt=0)
-    max_tool_response_length: int = option(256, "tokens a tool result may take in the trajectory; longer ones are "
-                                                "cut on tool_response_truncate_side", gt=0)
-    tool_response_truncate_side: ToolResponseTruncateSide = option(
-        "middle", "which part of a long tool result is cut: left keeps its end, right its start, middle both ends")
-    tool_config_path: str = option("", "YAML file of the tools: each tool's class_name (a built-in name, "
-                                       "'file.py:function' or 'package.module:Class'), its config and its OpenAI "
-                                       "function schema (tool_schema)")
-    format: str = option("hermes", "tool-call format the model writes, a name registered in "
-                                   "asyncrl.rollout.agent.TOOL_CALL_PARSERS: hermes = <tool_call>{\"name\": ..., "
-                                   "\"arguments\": {...}}</tool_call> (Qwen2.5)")
-    tool_timeout_s: float = option(30.0, "wall-time limit of one tool call unless its config sets timeout_s; past "
-                                         "it the model reads a timeout error", gt=0.0, le=MAX_WAIT_S)
-
-
-@dataclass
-class AgentConfig:
-    path: str = option("", "your own agent (docs/byo-agent.md): 'file.py:function' or 'package.module:function', an "
-                           "`async def rollout(client, sample)` written with the openai package (pip install "
-                           "'asyncrl[agents]'); each of its completions is recorded token-exact and trained with the "
-                           "reward it returns; empty = no agent")
-    timeout_s: float = option(300.0, "wall-time limit of one agent run; past it the run scores 0 (its recorded "
-                                     "turns still train) and counts in agent/timeouts", gt=0.0, le=MAX_WAIT_S)
-    max_concurrent: int = option(0, "agent runs at once in the process that generates (the driver in sync and "
-                                    "one_step_off, the rollouter in fully_async); 0 = every run of a batch at once",
-                                 ge=0)
-
-
-@dataclass
-class ExternalRolloutConfig:
-    urls: list[str] = option([], "base URLs of the OpenAI-compatible servers rollout.backend=external generates on, "
-                                 "e.g. [http://127.0.0.1:8001, http://127.0.0.1:8002] (asyncrl serve; "
-                                 "docs/external-servers.md maps vLLM and SGLang)")
-    api_key_env: str = option("ASYNCRL_API_KEY", "environment variable holding the servers' API key (sent as a "
-                                                 "Bearer token; unset or empty = none), so the key never lands in "
-                                                 "the run's config.yaml")
-    timeout_s: float = option(300.0, "limit on one HTTP call to a server (a completion, a health probe); past it "
-                                     "the server leaves the rotation and its requests go to another",
-                              gt=0.0, le=MAX_WAIT_S)
-    max_retries: int = option(2, "times one request is sent again, to another server, after its server failed "
-                                 "(connection lost, timeout, 5xx); past them the step fails naming the servers",
-                              ge=0)
-    health_interval_s: float = option(10.0, "a server not heard from for this long is probed (GET /health) before "
-                                            "it gets requests; one that does not answer leaves the rotation until "
-                                            "a weight sync reloads it", gt=0.0, le=MAX_WAIT_S)
-    reload_endpoint: str = option("/update_weights_from_disk", "POST route that reloads weights from an HF folder, "
-                                  "body {model_path, weight_version} (asyncrl serve and SGLang's name)")
-    weights_dir: str = option("", "folder the policy is written to for the servers to reload (they must read it: "
-                                  "same machine or a shared file system); empty = <trainer.output_dir>/"
-                                  "external_weights")
-    verify_weights: bool = option(False, "after every reload compare each server's GET /weights_checksum (asyncrl "
-                                         "serve) with the written folder's, and fail on a difference")
-
-
-@dataclass
-class RolloutConfig:
-    n: int = option(4, "responses sampled per prompt (the group size of GRPO-family estimators)", gt=0)
-    temperature: float = option(1.0, "sampling temperature; the trainer's log-probs use the same", gt=0.0)
-    top_p: float = option(1.0, "nucleus sampling threshold", gt=0.0, le=1.0)
-    top_k: int = option(-1, "top-k sampling; -1 disables", ge=1, also_allowed=(-1,))
-    ignore_eos: bool = option(False, "keep generating after EOS up to the token budget (benchmarks)")
-    length_distribution: str = option(
-        "", "benchmark workloads: per-request token budgets, 'N', 'LOW:HIGH' or 'lognormal:MEDIAN:CAP[:SIGMA]' "
-            "(capped at data.max_response_length; with ignore_eos every request generates its budget); "
-            "empty = every request may use data.max_response_length")
-    seed: int = option(0, "base seed of per-request sampling seeds", ge=0, le=MAX_SEED)
-    max_num_seqs: int = option(256, "maximum sequences decoded together by one engine", gt=0)
-    max_num_batched_tokens: int = option(8192, "maximum tokens in one engine forward (prefill chunk)", gt=0)
-    block_size: int = option(16, "tokens per KV-cache block. The CUDA decode kernel takes powers of two from 16; "
-                                 "other sizes decode with the Triton kernel (a multiple of its tile, 128 positions "
-                                 "at head dimension 64, makes it read each tile from one block); larger blocks only "
-                                 "waste KV memory, every sequence holding whole blocks", gt=0, le=MAX_BLOCK_SIZE)
-    gpu_memory_utilization: float = option(
-        0.5, "fraction of device memory the engine may take on GPU, weights included", gt=0.0, le=1.0)
-    cpu_kv_cache_mb: int = option(256, "KV-cache byte budget of the engine on CPU, in MiB", gt=0)
-    enforce_eager: bool = option(False, "disable CUDA graphs and torch.compile in the engine (eager decode steps)")
-    decode_attention: DecodeAttention = option(
-        "auto", "decode-attention kernel on GPU: cuda = the CUDA C++ kernel (built on first use with the CUDA "
-                "toolkit, nvcc and ninja; an error where it cannot be), triton = the Triton kernel, auto = cuda "
-                "where it builds, else triton with a warning")
-    decode_products: DecodeProducts = option(
-        "auto", "decode layers on GPU: fused = four fused CUDA products per layer around attention (norms, bias, "
-                "SiLU x up and residual adds folded in; Hopper, bf16 and decode_attention=cuda only, built on first "
-                "use; an error where they cannot run), torch = the model's layers (compiled), auto = fused where "
-                "they run, else torch with a warning")
-    backend: str = option(
-        "auto", "rollout backend, a name registered in asyncrl.rollout.ROLLOUT_BACKENDS (verl: rollout.name): "
-                "colocated = an engine inside each trainer rank, ray_replicas = Ray replica actors on devices of "
-                "their own, external = OpenAI-compatible HTTP servers (rollout.external); auto = colocated in "
-                "trainer.mode=sync, ray_replicas otherwise")
-    n_gpus_per_node: int = option(1, "rollout devices per node in separated modes (CPU slots on CPU)", gt=0)
-    max_replica_restarts: int = option(3, "times Ray restarts a rollout replica that died (fully_async then "
-                                          "re-syncs its weights and re-queues its requests)", ge=0)
-    nnodes: int = option(1, "rollout nodes in separated modes", gt=0)
-    val_kwargs: ValSamplingConfig = section(ValSamplingConfig, "sampling used for validation")
-    multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn agentic rollouts with tools")
-    agent: AgentConfig = section(AgentConfig, "bring your own agent: an openai-client agent trained through a "
-                                                   "recording endpoint")
-    external: ExternalRolloutConfig = section(ExternalRolloutConfig, "OpenAI-compatible servers as rollout workers "
-                                                                     "(rollout.backend=external)")
 
 
 @dataclass
@@ -360,90 +228,6 @@ class AlgorithmConfig:
         RolloutCorrectionConfig, "off-policy correction between the rollout and the old/proximal policy")
     filter_groups: FilterGroupsConfig = section(
         FilterGroupsConfig, "dynamic sampling: train only groups whose rewards vary (every mode)")
-
-
-@dataclass
-class OverlongBufferConfig:
-    enable: bool = option(
-        False, "DAPO's soft overlong punishment: a training response longer than data.max_response_length - len "
-               "tokens gets (length - (data.max_response_length - len)) / len x penalty_factor subtracted from its "
-               "reward, penalty_factor at the full budget (every mode; validation scores are not shaped)")
-    len: int = option(0, "the buffer: how many of the last tokens of data.max_response_length are penalised, "
-                         "linearly (0 < len <= data.max_response_length when enabled)", ge=0)
-    penalty_factor: float = option(1.0, "the penalty of a response that uses the whole token budget", ge=0.0)
-
-
-# The judge's user message when reward.model.prompt_template is not set.
-DEFAULT_JUDGE_TEMPLATE = ("Question: {prompt}\nReference answer: {ground_truth}\nResponse: {response}\n"
-                          "Is the response correct? Answer 1 for yes, 0 for no.")
-
-
-@dataclass
-class RewardModelConfig:
-    enable: bool = option(
-        False, "score every response with a reward model too (Ray actors, in every mode), combined with the rule "
-               "score as reward.model.combine says; verl's reward_model.enable")
-    kind: Literal["discriminative", "generative"] = option(
-        "discriminative", "discriminative = an HF *ForSequenceClassification folder with one label (what "
-                          "AutoModelForSequenceClassification.save_pretrained writes), scored at the last token of "
-                          "the prompt and response in its tokenizer's chat template; generative = a causal LM judge "
-                          "that answers reward.model.prompt_template greedily on our engine, its answer read by "
-                          "reward.model.answer_parser")
-    path: str = option("", "HF folder of the reward model or judge, with its own tokenizer files (required when "
-                           "enabled); verl's reward_model.model.path")
-    weight: float = option(1.0, "factor on the model's score before it is combined with the rule score")
-    combine: Literal["sum", "model_only", "rule_if_model_failed"] = option(
-        "sum", "sum = rule score + weight x model score; model_only = weight x model score (the rule score is "
-               "still computed and logged as reward/rule/mean); rule_if_model_failed = weight x model score, or "
-               "the rule score where the model's call failed. A failed call's model score is 0 either way")
-    num_workers: int = option(1, "reward-model actors; each scoring call's batch is split among them", gt=0)
-    num_cpus_per_worker: float = option(0.1, "CPUs Ray reserves for each actor (a fraction on CPU)", gt=0.0)
-    num_gpus_per_worker: float = option(
-        0.0, "GPU share of each actor: 1 = a device of its own, a fraction to share one the trainer and rollout "
-             "pools do not hold; 0 runs the model on CPU", ge=0.0, le=1.0)
-    micro_batch_size_per_gpu: int = option(
-        16, "samples per forward pass of a discriminative model (a judge generates its whole share at once)", gt=0)
-    max_length: Optional[int] = option(
-        None, "tokens of a discriminative model's input (a longer one keeps its last tokens, where the score is "
-              "read) and of a judge's prompt (a longer one scores 0 as an error); null = the model's "
-              "max_position_embeddings", gt=1)
-    timeout_s: float = option(
-        60.0, "limit on one scoring call to the actors; the samples of an actor past it score 0 as timeouts "
-              "(reward/model_timeouts) and the actor is restarted", gt=0.0, le=MAX_WAIT_S)
-    prompt_template: str = option(
-        DEFAULT_JUDGE_TEMPLATE, "generative: the judge's user message; {prompt} (the prompt's user text), "
-                                "{response} and {ground_truth} are filled in (write {{ and }} for braces)")
-    answer_parser: str = option(
-        "number", "generative: how the judge's answer becomes a score: number (the first number in it), yes_no "
-                  "(yes -> 1, no -> 0), or 'path/to/file.py:function' taking the answer text and returning a "
-                  "number (None: unparsable). An unparsable answer scores 0 and counts in reward/model_errors")
-    max_new_tokens: int = option(16, "generative: token budget of the judge's greedy answer", gt=0)
-
-
-@dataclass
-class RewardConfig:
-    custom_function: str = option(
-        "", "user scorer 'path/to/file.py:function' or 'package.module:function'; empty = built-in "
-            "scorer chosen by each row's data_source")
-    timeout_s: float = option(10.0, "per-sample time limit; a scorer past it scores 0 and is counted", gt=0.0,
-                              le=MAX_WAIT_S)
-    num_workers: int = option(1, "scoring processes (capped at 4 per CPU, with a warning)", gt=0)
-    import_timeout_s: float = option(
-        120.0, "time a scoring process may take to import the reward function; a file that hangs, exits or "
-               "raises at import fails the run before Ray starts, naming the file", gt=0.0, le=MAX_WAIT_S)
-    max_batch_s: Optional[float] = option(
-        None, "cap on one scoring call over a batch; samples left at the cap score 0 as timeouts; null = none",
-        gt=0.0, le=MAX_WAIT_S)
-    max_memory_mb: Optional[int] = option(
-        None, "memory limit of each scoring process (Linux); a scorer past it scores 0 and is counted; "
-              "null = none", gt=0, le=MAX_MEMORY_MB)
-    max_cpu_s: Optional[int] = option(
-        None, "CPU seconds a scoring process may spend on one sample (Linux); past it the process is "
-              "replaced and the sample scores 0; null = none", gt=0, le=int(MAX_WAIT_S))
-    overlong_buffer: OverlongBufferConfig = section(
-        OverlongBufferConfig, "reward shaping of responses that approach the token budget (DAPO)")
-    model: RewardModelConfig = section(
-        RewardModelConfig, "a discriminative reward model or a generative judge, combined with the rule score")
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import get_args
 import torch
 
 from asyncrl.config.invariants import cuda_decode_takes_block_size
-from asyncrl.config.schema import DecodeAttention, DecodeProducts, RolloutConfig
+from asyncrl.config.rollout_schema import DecodeAttention, DecodeProducts, RolloutConfig
 
 DECODE_ATTENTION_KERNELS = get_args(DecodeAttention)
 DECODE_PRODUCTS = get_args(DecodeProducts)

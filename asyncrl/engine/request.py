@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from asyncrl.config.schema import RolloutConfig
+from asyncrl.config.rollout_schema import RolloutConfig
 
 FINISH_REASONS = ("stop", "length", "abort")
 

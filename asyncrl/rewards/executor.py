@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Optional
 
-from asyncrl.config.schema import RewardConfig
+from asyncrl.config.reward_schema import RewardConfig
 from asyncrl.rewards.limits import ScoringLimits
 from asyncrl.rewards.process import Phase, ScoringProcess, stop_all
 from asyncrl.rewards.protocol import Failure, RewardRequest, RewardResult

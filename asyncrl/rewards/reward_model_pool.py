@@ -22,7 +22,7 @@ from pathlib import Path
 import ray
 
 from asyncrl.config import ConfigError
-from asyncrl.config.schema import RewardModelConfig
+from asyncrl.config.reward_schema import RewardModelConfig
 from asyncrl.models import check_model_folder, load_tokenizer
 from asyncrl.remote import RemoteCallError, RemoteTimeoutError, wait_for, wait_for_all, worker_name
 from asyncrl.rewards.judge import ANSWER_PARSERS, check_template

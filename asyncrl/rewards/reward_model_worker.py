@@ -14,7 +14,7 @@ import os
 import ray
 import torch
 
-from asyncrl.config.schema import RewardModelConfig
+from asyncrl.config.reward_schema import RewardModelConfig
 from asyncrl.rewards.judge import GenerativeJudge
 from asyncrl.rewards.protocol import RewardRequest, RewardResult
 from asyncrl.rewards.reward_model import DiscriminativeRewardModel

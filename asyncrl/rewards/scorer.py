@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from asyncrl.config.schema import RewardModelConfig
+from asyncrl.config.reward_schema import RewardModelConfig
 from asyncrl.rewards.executor import RewardExecutor
 from asyncrl.rewards.protocol import RewardRequest, RewardResult
 from asyncrl.rewards.reward_model_pool import RewardModelPool

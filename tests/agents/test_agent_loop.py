@@ -18,7 +18,7 @@ from asyncrl.rollout.agent.generation import start_agent_generation
 from asyncrl.rollout.agent.loop import AgentLoop
 from asyncrl.rollout.agent.metrics import agent_metrics, tool_spans
 from asyncrl.rollout.backend import PendingGeneration, WorkerOutput
-from asyncrl.config.schema import MultiTurnConfig
+from asyncrl.config.rollout_schema import MultiTurnConfig
 
 CALL = '<tool_call>{"name": "calc", "arguments": {"expr": "1234*5678"}}</tool_call>'
 

@@ -9,7 +9,7 @@ import typing
 import pytest
 
 from asyncrl.config import AsyncRLConfig, ConfigError, load_config
-from asyncrl.config.schema import MAX_BLOCK_SIZE, MAX_WAIT_S
+from asyncrl.config.limits import MAX_BLOCK_SIZE, MAX_WAIT_S
 
 
 def leaf_fields(cls, prefix=""):

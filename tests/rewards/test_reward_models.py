@@ -14,7 +14,7 @@ import torch
 import transformers
 
 from asyncrl.config import ConfigError
-from asyncrl.config.schema import RewardModelConfig
+from asyncrl.config.reward_schema import RewardModelConfig
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from asyncrl.models import build_tiny_model
 from asyncrl.remote import RemoteUnavailableError

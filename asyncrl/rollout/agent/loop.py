@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Protocol
 
-from asyncrl.config.schema import MultiTurnConfig
+from asyncrl.config.rollout_schema import MultiTurnConfig
 from asyncrl.engine import GenerationRequest, GenerationResult, SamplingParams
 from asyncrl.rollout.agent.parser import ParsedTurn, get_parser
 from asyncrl.rollout.agent.template import ToolTurnRenderer, truncate_tokens
