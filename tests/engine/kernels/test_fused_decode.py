@@ -30,6 +30,11 @@ needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.ge
 EPS = 1e-6
 
 
+def model_stub(config) -> SimpleNamespace:
+    """What the selection reads of a model: its config, and its modules (none adapted: no LoRA layers)."""
+    return SimpleNamespace(config=config, modules=lambda: iter(()))
+
+
 def normed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The model's RMSNorm in bf16: fp32 statistics, rounded, then the weight."""
     x32 = x.float()
@@ -118,7 +123,7 @@ def test_auto_falls_back_to_the_models_layers_with_a_warning(monkeypatch, caplog
 
     monkeypatch.setattr(fused_decode, "load_fused_decode_layers", load)
     config = EngineConfig(device="cuda:0", dtype=torch.bfloat16, decode_products=asked)
-    model = SimpleNamespace(config=qwen2_config("qwen2.5-0.5b"))
+    model = model_stub(qwen2_config("qwen2.5-0.5b"))
     if asked == "auto":
         assert selection.load_fused_layers(model, config, "cuda", 8, 132) is None
         assert "runs the model's layers" in caplog.text and "no nvcc" in caplog.text
@@ -145,7 +150,7 @@ def test_auto_keeps_the_models_layers_where_a_fused_launch_would_take_two_waves(
     assert "gate/up product launches 224 CTAs" in slower_reason(large, 256, 132)
     caplog.set_level("INFO")
     config = EngineConfig(device="cuda:0", dtype=torch.bfloat16)
-    assert selection.load_fused_layers(SimpleNamespace(config=large), config, "cuda", 256, 132) is None
+    assert selection.load_fused_layers(model_stub(large), config, "cuda", 256, 132) is None
     assert "224 CTAs" in caplog.text
 
 
