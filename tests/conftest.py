@@ -1,9 +1,14 @@
-"""Test-session setup: Triton's interpreter where no GPU is present, and one local Ray cluster for every test
-that needs Ray actors."""
+"""Test-session setup: Triton's interpreter where no GPU is present, one local Ray cluster for every test that
+needs Ray actors, and the demo's setup (task data and warm-started model) made once for every test that starts
+from it."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,3 +30,31 @@ def ray_session():
     start_ray(RayConfig(num_cpus=2), log_to_driver=False)
     yield ray
     stop_ray()
+
+
+@dataclass(frozen=True)
+class DemoSetup:
+    """What `asyncrl demo --setup-only --out OUT` made and printed: its cache folder `OUT/setup` (what the demo
+    and later demos reuse), the paths it printed, and its whole output."""
+
+    cache: Path
+    model: Path
+    train_file: Path
+    val_file: Path
+    output: str
+
+
+@pytest.fixture(scope="session")
+def demo_setup(tmp_path_factory) -> DemoSetup:
+    """The demo's setup, made once per session by `asyncrl demo --setup-only` run as a user runs it (a subprocess
+    of the CLI): the arithmetic task and the tiny model after its SFT warm start. The e2e runs start from it and
+    the README test's clone starts with it in place, so its SFT (a minute or more) runs once per session."""
+    out = tmp_path_factory.mktemp("demo")
+    command = [sys.executable, "-m", "asyncrl.cli", "demo", "--setup-only", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"asyncrl demo --setup-only failed:\n{output[-3000:]}"
+    assert "3/4 SFT warm start" in output, output[-3000:]   # made by this command, not found in a cache
+    printed = {key: Path(value.strip()) for key, _, value in (line.partition(":") for line in result.stdout.splitlines())}
+    return DemoSetup(out / "setup", printed["warm-started model"], printed["training prompts"],
+                     printed["validation prompts"], output)

@@ -1,27 +1,33 @@
-"""End-to-end fixtures: a warm-started tiny policy on the demo's task, built once per session, and a
-config factory for runs through real Ray actors."""
+"""End-to-end fixtures: the demo's warm-started tiny policy and task (the session's `demo_setup`), the same task
+on the untrained model, and config factories for runs through real Ray actors."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.parquet as parquet
 import pytest
 
 from asyncrl.config import load_config
 from asyncrl.data.make import make_task, write_task
 from asyncrl.models import build_tiny_model
 from asyncrl.launch.demo import MODEL_SHAPE, TASK_KNOBS, demo_config_path
-from asyncrl.train.sft import SFTSettings, run_sft
+
+# The first rows of the demo's splits: more training prompts than any run here trains on (20 steps of 32), and a
+# third of its validation prompts, so that each run tokenizes and validates only what it may use.
+TRAIN_SIZE = 1024
+VAL_SIZE = 64   # also an epoch of 8 steps of 8 for the tests that train on the validation prompts
 
 
 @pytest.fixture(scope="session")
-def warm_policy(tmp_path_factory) -> dict[str, Path]:
-    """The demo's setup at test size: SFT on a stuttering teacher's sums, so RL has a clear signal."""
-    root = tmp_path_factory.mktemp("warm")
-    paths = write_task(make_task("arithmetic", TASK_KNOBS), root / "data", 4000, 64, seed=0)
-    model = build_tiny_model(root / "model", family="qwen2", seed=0, **MODEL_SHAPE)
-    sft = run_sft(model, [str(paths["train"])], root / "sft", SFTSettings(epochs=12, seed=0))
-    return {"model": sft, "train": paths["train"], "val": paths["val"], "raw_model": model}
+def warm_policy(demo_setup, tmp_path_factory) -> dict[str, Path]:
+    """The demo's warm-started model (SFT on a stuttering teacher's sums, so RL has a clear signal) and the first
+    TRAIN_SIZE and VAL_SIZE prompts of its task."""
+    folder = tmp_path_factory.mktemp("warm_data")
+    paths = {"train": folder / "train.parquet", "val": folder / "val.parquet"}
+    for split, size, source in (("train", TRAIN_SIZE, demo_setup.train_file), ("val", VAL_SIZE, demo_setup.val_file)):
+        parquet.write_table(parquet.read_table(source).slice(0, size), paths[split])
+    return {"model": demo_setup.model, **paths}
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,10 @@ and the test command (this test is part of that suite). The train command gets a
 nothing untracked: everything the commands write lands under ignored folders.
 
 The clone's `asyncrl demo` is the suite's one demo run: the tests below also check what it learned against
-the figures the README quotes (`docs/demo_run.json`), and that its output holds no warning.
+the figures the README quotes (`docs/demo_run.json`), and that its output holds no warning. Its setup (data and
+SFT warm start) is the session's `demo_setup`, made once by `asyncrl demo --setup-only` for this test and the
+e2e runs alike and placed in the clone's `outputs/demo/setup/` before the commands run: the demo reuses it as it
+would after a user's own `--setup-only`, and that command's output is checked for warnings with the demo's.
 """
 
 from __future__ import annotations
@@ -81,8 +84,9 @@ def without_comment(command: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def first_hour(tmp_path_factory) -> tuple[Path, list[Ran]]:
+def first_hour(tmp_path_factory, demo_setup) -> tuple[Path, list[Ran]]:
     clone = fresh_clone(tmp_path_factory.mktemp("readme") / "asyncrl")
+    shutil.copytree(demo_setup.cache, clone / "outputs" / "demo" / "setup")   # where `asyncrl demo` caches it
     environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                    "PYTHONPATH": str(clone)}
     ran = []
@@ -142,12 +146,14 @@ def test_the_demo_learns_what_the_readme_says(first_hour):
         assert (clone / "outputs" / "demo" / "arithmetic-sync" / name).is_file(), name
 
 
-def test_the_demo_prints_its_accuracy_and_no_warning(first_hour):
+def test_the_demo_prints_its_accuracy_and_no_warning(first_hour, demo_setup):
     clone, ran = first_hour
     demo = the_run(ran, "asyncrl demo").output
     summary = json.loads((clone / "outputs" / "demo" / "arithmetic-sync" / "summary.json").read_text())
     assert f"{summary['final_validation']['val/score/mean']:.1%} after GRPO" in demo  # the accuracy it measured
-    warnings = [line for line in demo.splitlines() if re.search(r"warn", line, re.I)]
+    # The setup's steps (task, model, SFT) printed by the command that made them, then the demo's RL.
+    warnings = [line for line in (demo_setup.output + demo).splitlines() if re.search(r"warn", line, re.I)]
     assert warnings == [], warnings
-    # the second look at the setup reuses the demo's, instead of warming up again
+    # the demo and the second look at the setup reuse the cached one, instead of warming up again
+    assert "reusing the data and warm-started model" in demo
     assert "reusing the data and warm-started model" in the_run(ran, "asyncrl demo --setup-only").output
