@@ -70,6 +70,9 @@ def test_stale_samples_stay_within_the_staleness_bound(make_config, ray_session)
     assert max(row["staleness/max"] for row in rows.values()) <= 1  # ceil(s) = 1
     assert max(row["staleness/max"] for row in rows.values()) == 1  # and the run really was asynchronous
     assert rows[8]["fully_async/count/stale_samples_processed"] > 0
+    # A sync every 2 steps: steps 1-2 train at version 0, 3-4 at 1, ... (a killed and resumed run must train at
+    # the same versions: tests/e2e/test_kill_resume.py)
+    assert [rows[step]["param_version"] for step in range(1, 9)] == [(step - 1) // 2 for step in range(1, 9)]
     assert_each_version_starts_at_most_its_budget(rows, sync_steps=[3, 5, 7], budget=24)  # M = 8 x 1.5 x 2
     for step, samples in dumped(config.trainer.output_dir).items():
         version = int(rows[step]["param_version"])

@@ -1,12 +1,12 @@
 """Runs killed with SIGKILL and resumed: a fully-async run killed at three different points trains every
 prompt of the epoch exactly once (checkpoints hold the data cursor, the queue and the parked partial
-samples) and still learns; killed once and resumed, every step of a fully_async or one_step_off run trains at the
-policy version an uninterrupted run of the same config trains it at (a checkpoint names its weights by the version
-they carry)."""
+samples) and still learns; killed and resumed, every step of a fully_async or one_step_off run trains at the
+policy version an uninterrupted run of the same cadence trains it at (a checkpoint names its weights by the version
+they carry). The uninterrupted runs' versions are asserted where those runs are made: tests/e2e/test_fully_async.py
+(a sync every 2 steps) and tests/e2e/test_one_step_off.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -17,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as parquet
-import pytest
 
 from asyncrl.config import dump_config
 from asyncrl.telemetry import read_metrics
@@ -55,16 +54,6 @@ def trained_versions(output_dir: Path) -> dict[int, int]:
             if "critic/score/mean" in row}
 
 
-def uninterrupted_run(config, tmp_path: Path) -> Path:
-    """The same config run start to end in a folder of its own: the versions a resumed run must reproduce."""
-    output_dir = tmp_path / "uninterrupted"
-    config_path = tmp_path / "uninterrupted.yaml"
-    config_path.write_text(dump_config(dataclasses.replace(
-        config, trainer=dataclasses.replace(config.trainer, output_dir=str(output_dir)))))
-    assert run_until(config_path, output_dir, None) == 0
-    return output_dir
-
-
 def test_sigkill_at_three_points_then_resume_trains_every_prompt_once(make_config, warm_policy, tmp_path):
     output_dir = tmp_path / "killed"
     epoch = tmp_path / "epoch.parquet"  # an epoch of 96 prompts: 12 steps of 8
@@ -88,46 +77,35 @@ def test_sigkill_at_three_points_then_resume_trains_every_prompt_once(make_confi
                       if json.loads(line)["sample_index"] == 0)
     assert set(trained) == {f"epoch.parquet:{row}" for row in range(96)}  # none lost
     assert set(trained.values()) == {1}, trained.most_common(3)            # none repeated
+    # A sync every 2 steps, as uninterrupted: steps 1-2 at version 0, 3-4 at 1, ... (checkpointed inside the
+    # sync, before the push), whichever segment trained the step.
+    assert trained_versions(output_dir) == {step: (step - 1) // 2 for step in range(1, 13)}
     scores = [row["critic/score/mean"] for row in read_metrics(output_dir / "metrics.jsonl") if "critic/score/mean" in row]
     assert len(scores) == 12 and sum(scores[-3:]) / 3 > sum(scores[:3]) / 3 + 0.1, scores
     initial = next(row["val/score/mean"] for row in read_metrics(output_dir / "metrics.jsonl") if row["step"] == 0)
     assert summary["final_validation"]["val/score/mean"] >= initial + 0.2, (initial, summary["final_validation"])
 
 
-# Per mode: its settings, the step after which it is killed, and the version step s trains at when uninterrupted.
-VERSION_CASES = {
-    # step s pushes the weights of step s - 1 first, so every batch is exactly one version stale
-    "one_step_off": (["trainer.mode=one_step_off", "rollout.n_gpus_per_node=1"], 3, lambda step: step),
-    # a sync every 2 steps (checkpointed inside it, before the push): steps 1-2 at version 0, 3-4 at 1, ...
-    "fully_async": (["trainer.mode=fully_async", "rollout.n_gpus_per_node=1", "async_training.partial_rollout=true",
-                     "async_training.trigger_parameter_sync_step=2", "async_training.staleness_threshold=0.5"],
-                    5, lambda step: (step - 1) // 2),
-}
-
-
-@pytest.mark.parametrize("mode", sorted(VERSION_CASES))
-def test_a_run_killed_mid_run_resumes_at_the_versions_of_an_uninterrupted_run(mode, make_raw_config, raw_policy,
-                                                                              tmp_path):
-    settings, kill_after, version_of_step = VERSION_CASES[mode]
+def test_a_one_step_off_run_killed_mid_run_resumes_at_the_versions_of_an_uninterrupted_run(make_raw_config,
+                                                                                          tmp_path, raw_policy):
     output_dir = tmp_path / "killed"
     epoch = tmp_path / "epoch.parquet"  # 8 steps of 8
     parquet.write_table(parquet.read_table(raw_policy["train"]).slice(0, 64), epoch)
-    config = make_raw_config(*settings, f"data.train_files=[{epoch}]", "data.train_batch_size=8",
-                             "actor.ppo_mini_batch_size=8", "trainer.save_freq=1", "trainer.val_before_train=false",
-                             "data.val_files=[]", "ray.num_cpus=2", f"trainer.output_dir={output_dir}")
+    config = make_raw_config("trainer.mode=one_step_off", "rollout.n_gpus_per_node=1", f"data.train_files=[{epoch}]",
+                             "data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "trainer.save_freq=1",
+                             "trainer.val_before_train=false", "data.val_files=[]", "ray.num_cpus=2",
+                             f"trainer.output_dir={output_dir}")
     config_path = tmp_path / "run.yaml"
     config_path.write_text(dump_config(config))
-    assert run_until(config_path, output_dir, kill_after) == -9
+    assert run_until(config_path, output_dir, 3) == -9
     resumed_from = max(int(folder.name.removeprefix("step_")) for folder in (output_dir / "checkpoints").glob("step_*")
                        if folder.name.removeprefix("step_").isdigit())
     assert 2 <= resumed_from < 8
     assert run_until(config_path, output_dir, None) == 0
-    reference = trained_versions(uninterrupted_run(config, tmp_path))
-    assert reference == {step: version_of_step(step) for step in range(1, 9)}, reference
-    assert trained_versions(output_dir) == reference
-    if mode == "one_step_off":
-        # The batch in flight at the kill was regenerated by the checkpoint's weights, which it then trained:
-        # staleness 0 there, 1 everywhere else, as in the uninterrupted run.
-        staleness = {row["step"]: row["staleness/mean"] for row in read_metrics(output_dir / "metrics.jsonl")
-                     if "critic/score/mean" in row}
-        assert staleness == {step: 0.0 if step == resumed_from + 1 else 1.0 for step in range(1, 9)}, staleness
+    # Step s pushes the weights of step s - 1 first, so it trains at version s, as uninterrupted.
+    assert trained_versions(output_dir) == {step: step for step in range(1, 9)}
+    # The batch in flight at the kill was regenerated by the checkpoint's weights, which it then trained:
+    # staleness 0 there, and 1 at every other step, as at every step of an uninterrupted run.
+    staleness = {row["step"]: row["staleness/mean"] for row in read_metrics(output_dir / "metrics.jsonl")
+                 if "critic/score/mean" in row}
+    assert staleness == {step: 0.0 if step == resumed_from + 1 else 1.0 for step in range(1, 9)}, staleness

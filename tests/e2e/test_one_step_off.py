@@ -36,6 +36,9 @@ def test_tokens_are_one_version_stale_and_the_run_learns(make_config, ray_sessio
     assert [row["step"] for row in trained] == list(range(1, 17))
     # Read from every training row: a metric that stopped being logged fails here (KeyError).
     assert [row["staleness/mean"] for row in trained] == [1.0] * 16
+    # Step s pushes the weights of step s - 1 first and trains at version s (a killed and resumed run must train
+    # at the same versions: tests/e2e/test_kill_resume.py)
+    assert [row["param_version"] for row in trained] == list(range(1, 17))
     assert all("timing_s/wait_prev_gen" in row and "timing_s/generate_async" in row for row in trained)
     scores = [row["critic/score/mean"] for row in trained]
     assert np.mean(scores[-4:]) > np.mean(scores[:3]) + 0.3, scores
