@@ -168,3 +168,24 @@ def test_a_recording_endpoint_used_wrongly_names_itself(model):
             await endpoint.stop()
     with pytest.raises(RecordingError, match=r"recording session '[0-9a-f]{32}' is not open on http://127.0.0.1:\d+/v1"):
         asyncio.run(close_twice())
+
+
+def test_max_concurrent_bounds_the_runs_at_once(model):
+    running, peak = [0], [0]
+
+    async def agent(client, sample):
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        await asyncio.sleep(0.2)
+        running[0] -= 1
+        return 1.0
+
+    async def main():
+        config, _ = read_config(model)
+        runner = AgentRunner(agent, 60.0, 2, load_tokenizer(model), "policy", 128, config.vocab_size)
+        async with runner.pool(EngineGenerator(None), version=lambda: 0) as pool:
+            return await asyncio.gather(*(pool.run(GenerationRequest(f"g{index}/0", np.array([1], np.int32)), RECORD)
+                                          for index in range(6)))
+
+    outcomes = asyncio.run(main())
+    assert peak[0] == 2 and [outcome.score for outcome in outcomes] == [1.0] * 6
