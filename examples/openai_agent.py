@@ -3,8 +3,9 @@
     asyncrl train --config my_job.yaml rollout.agent.path=examples/openai_agent.py:rollout
 
 A two-try solver for the demo's arithmetic task (`asyncrl demo --setup-only` makes its data and model): it asks
-the model, checks the answer with a calculator of its own, and when the answer is wrong says so and asks once
-more in the same conversation. The reward is 1 for a right first answer, 0.5 for a right second one, else 0.
+the model, checks the answer with a calculator of its own (its tool), and when the answer is wrong says so and
+asks once more in the same conversation. The reward compares the final answer with the dataset's ground truth:
+1 for a right first answer, 0.5 for a right second one, else 0.
 Both tries are one trajectory: the second prompt extends the first (question, answer, the feedback), so the
 feedback tokens are masked and the model's two answers train with the run's reward.
 
@@ -37,7 +38,8 @@ def calculate(expression: str) -> int:
     return value(ast.parse(expression, mode="eval").body)
 
 
-def is_right(answer: str, question: str) -> bool:
+def checks_out(answer: str, question: str) -> bool:
+    """The calculator's verdict on an answer to "37+85=" (the agent's own check, without the ground truth)."""
     return answer.strip() == str(calculate(question.rstrip("=")))
 
 
@@ -50,9 +52,9 @@ async def rollout(client, sample) -> dict[str, float]:
     question = messages[-1]["content"]
     reply = await client.chat.completions.create(model=model, messages=messages)
     first = reply.choices[0].message.content or ""
-    if is_right(first, question):
-        return {"reward": 1.0, "tries": 1.0}
+    if checks_out(first, question):
+        return {"reward": float(first.strip() == sample.ground_truth), "tries": 1.0}
     messages += [{"role": "assistant", "content": first}, {"role": "user", "content": FEEDBACK + question}]
     reply = await client.chat.completions.create(model=model, messages=messages)
     second = reply.choices[0].message.content or ""
-    return {"reward": 0.5 if is_right(second, question) else 0.0, "tries": 2.0}
+    return {"reward": 0.5 * (second.strip() == sample.ground_truth), "tries": 2.0}
