@@ -5,10 +5,12 @@ run, by this check."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import pytest
 
 from asyncrl.config import ConfigError, load_config
+from asyncrl.core.byo_agent import load_agent_runner
 from asyncrl.launch.demo import demo_config_path
 
 AGENT = "async def rollout(client, sample):\n    return 1.0\n"
@@ -63,3 +65,16 @@ def test_a_missing_agents_extra_names_the_extra(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"rollout.agent.path needs openai \(not installed\): "
                                           r"pip install 'asyncrl\[agents\]'"):
         load(f"rollout.agent.path={agent}:rollout")
+
+
+def test_a_run_whose_process_cannot_import_openai_names_the_extra(tmp_path, monkeypatch):
+    """The check before Ray sees the packages installed; a process that still cannot import them (another
+    environment on a Ray worker) stops with the same advice instead of an ImportError deep in the serving room."""
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT)
+    config = load(f"rollout.agent.path={agent}:rollout")
+    monkeypatch.setitem(sys.modules, "openai", None)   # `import openai` raises ImportError
+    for module in ("asyncrl.serving.agent_runner", "asyncrl.serving.recording"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    with pytest.raises(ConfigError, match=r"rollout.agent.path needs the openai package: pip install 'asyncrl\[agents\]'"):
+        load_agent_runner(config, tokenizer=None)
