@@ -1,6 +1,6 @@
 """An agent written with the official `openai` package, trained by asyncrl as it is (docs/byo-agent.md).
 
-    asyncrl train --config my_job.yaml rollout.agent.path=examples/openai_agent.py:rollout
+    asyncrl train my_job.yaml rollout.agent.path=examples/openai_agent.py:rollout
 
 A two-try solver for the demo's arithmetic task (`asyncrl demo --setup-only` makes its data and model): it asks
 the model, checks the answer with a calculator of its own (its tool), and when the answer is wrong says so and
