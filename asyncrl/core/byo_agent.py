@@ -35,7 +35,7 @@ from asyncrl.core.training_reward import extra_means, shape_rewards, shaping_met
 from asyncrl.data.records import PromptRecord, TokenizedPrompt
 from asyncrl.engine import GenerationRequest, GenerationResult
 from asyncrl.models import read_config
-from asyncrl.rollout.agent.generation import TurnBatcher
+from asyncrl.rollout.agent.generation import DispatchedTurns, TurnBatcher
 from asyncrl.rollout.agent.recorded import AgentOutcome
 from asyncrl.rollout.backend import PendingGeneration, RolloutBackend, WorkerOutput
 
@@ -93,20 +93,9 @@ class AgentRunsGeneration(PendingGeneration):
     outcomes: list[AgentOutcome] = field(default_factory=list)
 
 
-class Dispatched:
-    """`generate` through the backend's `start_generate`, collected in a worker thread (some backends run a
-    dispatched batch before returning)."""
-
-    def __init__(self, rollout: RolloutBackend):
-        self.rollout = rollout
-
-    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return await asyncio.to_thread(lambda: self.rollout.start_generate(requests).results())
-
-
 async def run_batch(runner: "AgentRunner", rollout: RolloutBackend, requests: list[GenerationRequest],
                     records: list[PromptRecord]) -> list[AgentOutcome]:
-    batcher = TurnBatcher(Dispatched(rollout), len(requests))
+    batcher = TurnBatcher(DispatchedTurns(rollout), len(requests))
     async with runner.pool(batcher, lambda: rollout.version) as pool:
         async def one(request: GenerationRequest, record: PromptRecord) -> AgentOutcome:
             try:
