@@ -149,7 +149,24 @@ def build_app(served: ServedModel, settings: ServerSettings = ServerSettings(),
         answer = await create_chat_completion(served, metrics, body, request.headers, parse_tool_calls)
         return stream_response(answer) if body.stream else answer
 
-    # ---- admin ------------------------------------------------------------------------------------------
+    add_admin_routes(app, served, metrics)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": served.name, "weight_version": served.version}
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        running, waiting = served.queue_lengths()
+        text = metrics.exposition(running, waiting, served.version, served.engine.is_paused)
+        return PlainTextResponse(text, media_type=PROMETHEUS_CONTENT_TYPE)
+
+    return app
+
+
+def add_admin_routes(app: FastAPI, served: ServedModel, metrics: ServerMetrics) -> None:
+    """The RL admin routes under SGLang's and vLLM's names: reload weights from an HF folder, report the weight
+    version and checksum, pause, resume, abort."""
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request) -> dict[str, Any]:
         body = await parse_body(request, ReloadRequest)
@@ -188,15 +205,3 @@ def build_app(served: ServedModel, settings: ServerSettings = ServerSettings(),
         num_aborted = await served.abort(None if body.abort_all else body.rid)
         metrics.num_aborted += num_aborted
         return {"success": True, "num_aborted": num_aborted}
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": served.name, "weight_version": served.version}
-
-    @app.get("/metrics")
-    async def prometheus() -> PlainTextResponse:
-        running, waiting = served.queue_lengths()
-        text = metrics.exposition(running, waiting, served.version, served.engine.is_paused)
-        return PlainTextResponse(text, media_type=PROMETHEUS_CONTENT_TYPE)
-
-    return app

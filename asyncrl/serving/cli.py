@@ -2,7 +2,7 @@
 
     asyncrl serve outputs/demo/run/policy                         # http://127.0.0.1:8000/v1, no key
     ASYNCRL_API_KEY=secret asyncrl serve MODEL_DIR --port 8001     # every route but /health needs the key
-    asyncrl serve MODEL_DIR --host 0.0.0.0 --api-key secret        # reachable from other machines
+    asyncrl serve MODEL_DIR --host 10.0.0.5 --api-key secret       # one interface of this machine, for its network
 
 It binds to 127.0.0.1 unless --host says otherwise, and warns when it listens beyond loopback without a key:
 anyone who reaches the port could then generate, reload weights from any folder the server can read, or
