@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
-import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
@@ -35,7 +33,7 @@ from asyncrl.core.training_reward import extra_means, shape_rewards, shaping_met
 from asyncrl.data.records import PromptRecord, TokenizedPrompt
 from asyncrl.engine import GenerationRequest, GenerationResult
 from asyncrl.models import read_config
-from asyncrl.rollout.agent.generation import DispatchedTurns, TurnBatcher
+from asyncrl.rollout.agent.generation import DispatchedTurns, ThreadedBatch, TurnBatcher
 from asyncrl.rollout.agent.recorded import AgentOutcome
 from asyncrl.rollout.backend import PendingGeneration, RolloutBackend, WorkerOutput
 
@@ -110,33 +108,17 @@ def start_agent_runs(runner: "AgentRunner", rollout: RolloutBackend, requests: l
     """Runs one agent per request in a thread with its own event loop and returns at once. `results()` waits
     for the runs (each bounded by rollout.agent.timeout_s, in waves of rollout.agent.max_concurrent) plus
     `timeout_s`, and names the agent runs when they run past."""
-    started_s, started = time.time(), time.monotonic()
-    outcome: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            outcome["runs"] = asyncio.run(run_batch(runner, rollout, list(requests), list(records)))
-        except BaseException as error:   # re-raised in the collecting thread
-            outcome["error"] = error
-        outcome["seconds"] = time.monotonic() - started
-
-    thread = threading.Thread(target=work, name="asyncrl-agent-runs", daemon=True)
-    thread.start()
+    batch = ThreadedBatch("asyncrl-agent-runs", lambda: run_batch(runner, rollout, list(requests), list(records)))
     pending = AgentRunsGeneration(list(requests), lambda: [])
     num_waves = math.ceil(len(requests) / runner.max_concurrent) if runner.max_concurrent else 1
     deadline_s = runner.timeout_s * num_waves + timeout_s
 
     def collect() -> list[WorkerOutput]:
-        thread.join(deadline_s)
-        if thread.is_alive():
-            raise TimeoutError(f"agent runs: {len(requests)} runs of rollout.agent.path did not finish within "
-                               f"{deadline_s:g} s (rollout.agent.timeout_s per wave + ray.rpc_timeout_s)")
-        if "error" in outcome:
-            raise outcome["error"]
-        pending.outcomes = outcome["runs"]
+        pending.outcomes, seconds = batch.join(deadline_s, f"agent runs: {len(requests)} runs of rollout.agent.path",
+                                               "rollout.agent.timeout_s per wave + ray.rpc_timeout_s")
         results = [run_result(request, run) for request, run in zip(requests, pending.outcomes)]
-        return [WorkerOutput("agents", results, outcome["seconds"])]
+        return [WorkerOutput("agents", results, seconds)]
 
     pending.collect = collect
-    pending.started_s = started_s
+    pending.started_s = batch.started_s
     return pending

@@ -16,7 +16,7 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from asyncrl.engine import GenerationRequest, GenerationResult
 from asyncrl.rollout.agent.loop import AgentLoop, Generator
@@ -116,36 +116,47 @@ async def run_trajectories(rollout: Generator, agent: AgentLoop, requests: list[
     return list(await asyncio.gather(*(one(request, info) for request, info in zip(requests, extra_infos))))
 
 
+class ThreadedBatch:
+    """A coroutine run to its end in a thread with an event loop of its own, started at once (the driver's
+    stages go on meanwhile); `join` waits at most `timeout_s`, re-raises what the coroutine raised, and names the
+    work when it runs past."""
+
+    def __init__(self, name: str, make: Callable[[], Awaitable[Any]]):
+        self.started_s, self.started = time.time(), time.monotonic()
+        self.outcome: dict[str, Any] = {}
+        self.thread = threading.Thread(target=self.work, args=(make,), name=name, daemon=True)
+        self.thread.start()
+
+    def work(self, make: Callable[[], Awaitable[Any]]) -> None:
+        try:
+            self.outcome["value"] = asyncio.run(make())
+        except BaseException as error:   # re-raised in the joining thread
+            self.outcome["error"] = error
+        self.outcome["seconds"] = time.monotonic() - self.started
+
+    def join(self, timeout_s: float, what: str, why: str) -> tuple[Any, float]:
+        """(the coroutine's value, its seconds); TimeoutError "`what` did not finish within ... (`why`)"."""
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            raise TimeoutError(f"{what} did not finish within {timeout_s:g} s ({why})")
+        if "error" in self.outcome:
+            raise self.outcome["error"]
+        return self.outcome["value"], self.outcome["seconds"]
+
+
 def start_agent_generation(rollout: RolloutBackend, agent: AgentLoop, requests: list[GenerationRequest],
                            extra_infos: list[dict[str, Any]], timeout_s: float) -> AgentGeneration:
     """Runs the trajectories in a thread with its own event loop and returns at once; `results()` waits at
     most `timeout_s` and names the agent loop when it runs past."""
-    started_s, started = time.time(), time.monotonic()
-    outcome: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            outcome["trajectories"] = asyncio.run(run_trajectories(DispatchedTurns(rollout), agent, list(requests),
-                                                                   extra_infos))
-        except BaseException as error:   # re-raised in the collecting thread
-            outcome["error"] = error
-        outcome["seconds"] = time.monotonic() - started
-
-    thread = threading.Thread(target=work, name="asyncrl-agent-loop", daemon=True)
-    thread.start()
+    batch = ThreadedBatch("asyncrl-agent-loop", lambda: run_trajectories(DispatchedTurns(rollout), agent,
+                                                                          list(requests), extra_infos))
     pending = AgentGeneration(list(requests), lambda: [])
 
     def collect() -> list[WorkerOutput]:
-        thread.join(timeout_s)
-        if thread.is_alive():
-            raise TimeoutError(f"agent loop: {len(requests)} multi-turn trajectories did not finish within "
-                               f"{timeout_s:g} s (ray.rpc_timeout_s)")
-        if "error" in outcome:
-            raise outcome["error"]
-        pending.trajectories = outcome["trajectories"]
-        return [WorkerOutput("agent", [trajectory.as_result() for trajectory in pending.trajectories],
-                             outcome["seconds"])]
+        pending.trajectories, seconds = batch.join(
+            timeout_s, f"agent loop: {len(requests)} multi-turn trajectories", "ray.rpc_timeout_s")
+        return [WorkerOutput("agent", [trajectory.as_result() for trajectory in pending.trajectories], seconds)]
 
     pending.collect = collect
-    pending.started_s = started_s
+    pending.started_s = batch.started_s
     return pending
