@@ -80,7 +80,8 @@ class RewardConfig:
         120.0, "time a scoring process may take to import the reward function; a file that hangs, exits or "
                "raises at import fails the run before Ray starts, naming the file", gt=0.0, le=MAX_WAIT_S)
     max_batch_s: Optional[float] = option(
-        None, "cap on one scoring call over a batch; samples left at the cap score 0 as timeouts; null = none",
+        None, "cap on one scoring call over a batch, counted from when a scoring process is ready; samples "
+              "left at the cap score 0 as timeouts; null = none",
         gt=0.0, le=MAX_WAIT_S)
     max_memory_mb: Optional[int] = option(
         None, "memory limit of each scoring process (Linux); a scorer past it scores 0 and is counted; "

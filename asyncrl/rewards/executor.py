@@ -14,7 +14,7 @@ without keeping the processes.
 A sample whose function raises, returns garbage or a non-finite number, kills its process or runs past
 `timeout_s` scores 0 and is counted. Every busy process has its own deadline and all are waited on together,
 so hung samples on different processes cost one timeout, not one each; `max_batch_s` bounds a whole `score`
-call (every sample not scored by then scores 0 as a timeout). A process that timed out or died, busy or idle,
+call from the moment a process can score (every sample not scored by then scores 0 as a timeout). A process that timed out or died, busy or idle,
 is replaced without stopping the others; a sample whose process had died before it was sent is sent again.
 """
 
@@ -32,7 +32,7 @@ from typing import Optional
 
 from asyncrl.config.reward_schema import RewardConfig
 from asyncrl.rewards.limits import ScoringLimits
-from asyncrl.rewards.process import Phase, ScoringProcess, stop_all
+from asyncrl.rewards.process import Phase, ScoringProcess, Taken, stop_all
 from asyncrl.rewards.protocol import Failure, RewardRequest, RewardResult
 from asyncrl.rewards.startup import DEFAULT_IMPORT_TIMEOUT_S, spawn_context, start_scoring_processes
 
@@ -129,17 +129,26 @@ class RewardExecutor:
                 self.replace(slot)
         results: list[Optional[RewardResult]] = [None] * len(requests)
         waiting = deque(range(len(requests)))
-        batch_deadline = math.inf if self.max_batch_s is None else time.monotonic() + self.max_batch_s
+        batch_deadline = math.inf
         while waiting or self.busy():
+            if batch_deadline == math.inf:
+                batch_deadline = self.batch_deadline()
             self.dispatch(waiting, requests)
             self.wait_for_any(batch_deadline)
             for slot, process in enumerate(self.processes):
-                self.collect(slot, process, results)
+                self.collect(slot, process, results, waiting)
             if time.monotonic() >= batch_deadline:
                 self.abandon(waiting, results)
         for result in results:
             self.counters.count(result)
         return results
+
+    def batch_deadline(self) -> float:
+        """`max_batch_s` from now once a process can score; until then (every one replaced and still loading,
+        which `import_timeout_s` bounds) the batch's time has not started."""
+        if self.max_batch_s is None or all(process.phase is Phase.LOADING for process in self.processes):
+            return math.inf
+        return time.monotonic() + self.max_batch_s
 
     def busy(self) -> list[ScoringProcess]:
         return [process for process in self.processes if process.phase is Phase.BUSY]
@@ -151,9 +160,13 @@ class RewardExecutor:
             if process.submit(waiting[0], requests[waiting[0]], self.timeout_s):
                 waiting.popleft()
             else:  # it died while idle: the request stays first in line for the next process that is ready
-                logger.warning("scoring process %d of %s %s while idle; starting another", process.pid,
-                               self.spec or "the built-in scorer", process.exit_description())
-                self.replace(slot)
+                self.replace_dead_idle(slot)
+
+    def replace_dead_idle(self, slot: int) -> None:
+        process = self.processes[slot]
+        logger.warning("scoring process %d of %s %s while idle; starting another", process.pid,
+                       self.spec or "the built-in scorer", process.exit_description())
+        self.replace(slot)
 
     def wait_for_any(self, batch_deadline: float) -> None:
         """Until a busy or loading process answers, or the earliest deadline (a sample's, an import's or the
@@ -164,7 +177,8 @@ class RewardExecutor:
         deadline = min(batch_deadline, *(process.deadline for process in watched))
         wait([process.connection for process in watched], timeout=max(0.0, deadline - time.monotonic()))
 
-    def collect(self, slot: int, process: ScoringProcess, results: list[Optional[RewardResult]]) -> None:
+    def collect(self, slot: int, process: ScoringProcess, results: list[Optional[RewardResult]],
+                waiting: deque[int]) -> None:
         """Take a result, a finished load, a death or a passed deadline from one process."""
         is_readable = process.connection.poll()
         if not is_readable and time.monotonic() < process.deadline:
@@ -174,6 +188,12 @@ class RewardExecutor:
         elif process.phase is Phase.BUSY:
             result = process.receive() if is_readable else RewardResult.failed(
                 Failure.TIMEOUT, f"timeout after {self.timeout_s:g}s")
+            if isinstance(result, Taken):  # it is scoring; the result comes next
+                return
+            if result is None and not process.taken:  # it was dying when the request was sent: send it again
+                waiting.appendleft(process.task_index)
+                self.replace_dead_idle(slot)
+                return
             if result is None:
                 result = process.died_result()
             results[process.task_index] = result

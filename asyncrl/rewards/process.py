@@ -2,7 +2,7 @@
 
     process = ScoringProcess(context, spec, limits, import_timeout_s=120)   # starts it; it loads meanwhile
     process.connection.poll(timeout); process.finish_loading()              # IDLE, or RewardLoadError
-    process.submit(index, request, timeout_s); ...; process.receive()       # a RewardResult, or None if it died
+    process.submit(index, request, timeout_s); ...; process.receive()       # Taken, then a RewardResult; None: died
 
 The parent side (`ScoringProcess`) is a handle with a phase and a deadline; the child side (`serve`) owns all
 user code. Processes are spawned, not forked, so they inherit neither torch nor Ray state, and a hung one can
@@ -43,6 +43,14 @@ class LoadFailed:
     message: str
 
 
+@dataclass(frozen=True)
+class Taken:
+    """Sent by the child as it takes a request, before scoring it. A process dies over some time (its threads
+    exit one by one, and its end of the pipe stays open until the last has), so a request sent to a process
+    that was already dying is accepted by the pipe; without this the parent could not tell that death from
+    one the sample caused, and the sample would score 0 instead of being sent again."""
+
+
 # ---- the child -----------------------------------------------------------------------------------------------
 
 def serve(spec: str, limits: ScoringLimits, connection: Connection) -> None:
@@ -70,6 +78,7 @@ def serve(spec: str, limits: ScoringLimits, connection: Connection) -> None:
             return
         if request is None:
             return
+        connection.send(Taken())
         limit_cpu(limits.max_cpu_s)
         connection.send(score_one(function, request, loop, limits))
 
@@ -94,7 +103,7 @@ def score_one(function: RewardFn, request: RewardRequest, loop: asyncio.Abstract
 class Phase(Enum):
     LOADING = "loading"   # started, the reward function not yet loaded; `deadline` is the import deadline
     IDLE = "idle"
-    BUSY = "busy"         # scoring request `task_index`; `deadline` is the sample's
+    BUSY = "busy"         # sent request `task_index` (`taken` once it said so); `deadline` is the sample's
 
 
 @contextlib.contextmanager
@@ -121,6 +130,7 @@ class ScoringProcess:
         self.phase = Phase.LOADING
         self.deadline = time.monotonic() + import_timeout_s
         self.task_index: Optional[int] = None
+        self.taken = False
 
     @property
     def pid(self) -> int:
@@ -156,16 +166,19 @@ class ScoringProcess:
             return False
         self.phase = Phase.BUSY
         self.task_index = task_index
+        self.taken = False
         self.deadline = time.monotonic() + timeout_s
         return True
 
-    def receive(self) -> Loaded | LoadFailed | RewardResult | None:
+    def receive(self) -> Loaded | LoadFailed | Taken | RewardResult | None:
         """The next message, or None when the process has died."""
         try:
             message = self.connection.recv()
         except (EOFError, OSError):
             return None
-        if isinstance(message, RewardResult):
+        if isinstance(message, Taken):
+            self.taken = True
+        elif isinstance(message, RewardResult):
             self.phase = Phase.IDLE
         return message
 
