@@ -250,17 +250,23 @@ class ExternalRollout(GatedControls, RolloutBackend):
                                    version)
                 self.is_healthy[index], self.why_out[index] = True, ""
             self.last_seen[index] = time.monotonic()
-        if not reloaded:
-            self.pick()   # raises, naming every server and why
         if self.settings.verify_weights:
             self.verify(str(folder), reloaded)
+        if not any(self.is_healthy):
+            self.pick()   # raises, naming every server and why
         self.version = version
 
     def verify(self, folder: str, indices: list[int]) -> None:
-        """Each server's weights checksum equals the folder's (cast to the dtype the server holds)."""
+        """Each server's weights checksum equals the folder's (cast to the dtype the server holds). One that
+        stops answering meanwhile is out of rotation, as in the reload; one that answers with other weights
+        is an error (a server that reloads wrongly would train the policy on samples from other weights)."""
         expected: dict[str, str] = {}
         for index in indices:
-            answer = self.servers[index].get("/weights_checksum", self.sync_timeout_s)
+            try:
+                answer = self.servers[index].get("/weights_checksum", self.sync_timeout_s)
+            except ServerFailure as error:
+                self.take_out(index, f"weights checksum failed: {error}")
+                continue
             dtype = answer["dtype"]
             if dtype not in expected:
                 expected[dtype] = folder_checksum(folder, getattr(torch, dtype))

@@ -17,6 +17,7 @@ from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingP
 from asyncrl.models import build_tiny_model
 from asyncrl.remote import RemoteUnavailableError
 from asyncrl.rollout import ExternalRollout, RolloutContext
+from asyncrl.rollout.external_client import ServerClient, ServerFailure
 from asyncrl.rollout.external_weights import folder_checksum
 from tests.serving.conftest import API_KEY
 from tests.serving.server_process import start_server
@@ -99,3 +100,42 @@ def test_generation_reload_failover_and_every_server_dead(tool_model, tmp_path, 
     finally:
         for server in servers:
             server.stop()
+
+
+def test_a_server_that_dies_between_its_reload_and_the_checksum_leaves_the_rotation(tmp_path, monkeypatch):
+    """One component with its HTTP calls replaced: the second server answers the reload, then is gone when its
+    weights checksum is asked for (the race a server killed mid-sync hits). The sync goes on with the first."""
+    policy = build_tiny_model(tmp_path / "policy", family="qwen2", seed=0, max_position_embeddings=256)
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    dead = set()
+
+    def get(self, path, timeout_s=None):
+        if self.url in dead:
+            raise ServerFailure(f"{self.url}: GET {path} failed: ConnectError: [Errno 111] Connection refused")
+        folder = reloaded.get(self.url, policy)
+        return {"dtype": "float32", "sha256": folder_checksum(folder, torch.float32)}
+
+    def reload(self, endpoint, folder, version, timeout_s):
+        if self.url in dead:
+            raise ServerFailure(f"{self.url}: POST {endpoint} failed: ConnectError: [Errno 111] Connection refused")
+        reloaded[self.url] = folder
+        if self.url == urls[1] and version == 1:
+            dead.add(self.url)   # it reloaded, then died before the checksum
+
+    reloaded: dict = {}
+    monkeypatch.setattr(ServerClient, "connect", lambda self: None)
+    monkeypatch.setattr(ServerClient, "get", get)
+    monkeypatch.setattr(ServerClient, "reload", reload)
+    config = load_config(None, [f"model.path={policy}", "rollout.backend=external", "rollout.external.verify_weights=true",
+                                f"rollout.external.urls=[{urls[0]},{urls[1]}]", f"trainer.output_dir={tmp_path / 'run'}",
+                                "trainer.device=cpu"])
+    rollout = ExternalRollout(RolloutContext(config, FolderTrainers([policy, policy]), [], torch.float32,
+                                             lambda: ("127.0.0.1", 0)))
+    rollout.sync_weights(1)
+    assert rollout.version == 1
+    health = rollout.health()
+    assert health.unhealthy == (urls[1],) and health.num_failures == 1
+    assert "weights checksum failed" in rollout.why_out[1]
+    dead.add(urls[0])
+    with pytest.raises(RemoteUnavailableError, match="every rollout server is out of rotation"):
+        rollout.sync_weights(2)
