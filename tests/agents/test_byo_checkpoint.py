@@ -9,7 +9,7 @@ import numpy as np
 from asyncrl.core.byo_agent import agent_samples, run_result
 from asyncrl.data.records import PromptRecord, TokenizedPrompt
 from asyncrl.engine import GenerationRequest, GenerationResult
-from asyncrl.recipes.fully_async.rollouter import Group
+from asyncrl.recipes.fully_async.group import Group
 from asyncrl.recipes.fully_async.state_codec import decode_state, encode_state
 from asyncrl.rollout.agent.recorded import AgentOutcome, assemble
 

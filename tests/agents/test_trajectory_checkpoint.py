@@ -7,7 +7,7 @@ import numpy as np
 
 from asyncrl.data.records import PromptRecord, TokenizedPrompt
 from asyncrl.engine import GenerationResult
-from asyncrl.recipes.fully_async.rollouter import Group
+from asyncrl.recipes.fully_async.group import Group
 from asyncrl.recipes.fully_async.state_codec import decode_state, encode_state
 from asyncrl.rollout.agent import ToolCallRecord, Trajectory
 

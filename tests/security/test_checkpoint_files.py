@@ -19,7 +19,7 @@ from asyncrl.core.checkpoint import DRIVER_FILE, CheckpointManager
 from asyncrl.core.records import Sample
 from asyncrl.data.records import PromptRecord, TokenizedPrompt
 from asyncrl.engine import GenerationResult
-from asyncrl.recipes.fully_async.rollouter import Group
+from asyncrl.recipes.fully_async.group import Group
 from asyncrl.recipes.fully_async.state_codec import (ARRAYS_FILE, LEGACY_PICKLE_FILE, STRUCTURE_FILE, StateFileError,
                                                      encode_state, load_state)
 from asyncrl.train.checkpoint import CheckpointFormatError, load_trainer_state, save_trainer_state

@@ -24,68 +24,34 @@ finish, with partial rollout their requests are aborted and the partial response
 token budget (only the unfinished responses of a group are resumed). While paused, `snapshot` returns
 everything a lossless checkpoint needs: the data cursor, the parked groups and the scored groups not
 yet on the queue.
+
+A group and the requests of its slots are in `group.py`. With an agent (rollout.multi_turn, or your own with
+rollout.agent.path) each slot is a trajectory or an agent run instead of one response: `agent_slots.py` advances
+them, through this same loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import time
-from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import ray
 
-from asyncrl.config import AsyncRLConfig, needs_greedy_baseline
-from asyncrl.core.byo_agent import agent_samples, load_agent_runner, run_result, score_agent_samples
+from asyncrl.config import AsyncRLConfig
 from asyncrl.core.dynamic_sampling import DynamicSamplingError, FilterWindow, has_signal
-from asyncrl.core.greedy_baseline import GREEDY_SUFFIX, greedy_params
-from asyncrl.core.lengths import LengthDistribution
 from asyncrl.core.records import Sample
-from asyncrl.core.requests import request_params, request_seed
 from asyncrl.core.training_reward import score_for_training
 from asyncrl.data.dataset import PromptDataset
-from asyncrl.data.records import TokenizedPrompt
 from asyncrl.data.sampler import PromptSampler
-from asyncrl.engine import GenerationRequest, GenerationResult, SamplingParams
+from asyncrl.engine import GenerationRequest, GenerationResult
+from asyncrl.recipes.fully_async.agent_slots import AgentRunSlots, TrajectorySlots
 from asyncrl.recipes.fully_async.budget import StalenessBudget
+from asyncrl.recipes.fully_async.group import Group, SlotRequests
 from asyncrl.recipes.fully_async.queue import SampleQueue
 from asyncrl.rewards import RewardExecutor, RewardModelPool, Scorer
 from asyncrl.rollout import RolloutHost
-from asyncrl.rollout.agent import Trajectory
-from asyncrl.rollout.agent.loop import AgentLoop
-
-
-@dataclass
-class Group:
-    """One prompt's rollout.n responses, then its greedy response when the estimator needs a baseline (the last
-    slot); a slot is None until its response finished (or was aborted)."""
-    prompt: TokenizedPrompt
-    epoch: int
-    serial: int
-    results: list[Optional[GenerationResult]]
-    scored: list[Sample] = field(default_factory=list)
-    num_samples: int = -1     # rollout.n; -1: every slot is a sampled response (no greedy slot)
-    trajectories: dict[int, Trajectory] = field(default_factory=dict)   # rollout.multi_turn: each slot's log
-    agent_samples: dict[int, list[Sample]] = field(default_factory=dict)   # rollout.agent: each finished run's
-
-    @property
-    def is_generated(self) -> bool:
-        return all(result is not None and result.finish_reason != "abort" for result in self.results)
-
-    @property
-    def greedy_slot(self) -> Optional[int]:
-        return self.num_samples if 0 <= self.num_samples < len(self.results) else None
-
-    def samples(self) -> list[Sample]:
-        """The sampled responses as samples (group index 0: the trainer renumbers), the greedy one riding on each."""
-        if self.agent_samples:   # rollout.agent: a run gives as many samples as it recorded histories
-            return [sample for slot in sorted(self.agent_samples) for sample in self.agent_samples[slot]]
-        greedy = None if self.greedy_slot is None else self.results[self.greedy_slot]
-        sampled = self.results if self.greedy_slot is None else self.results[:self.greedy_slot]
-        return [Sample(self.prompt, 0, slot, result, greedy=greedy, trajectory=self.trajectories.get(slot))
-                for slot, result in enumerate(sampled)]
 
 
 class Rollouter(RolloutHost):
@@ -101,18 +67,14 @@ class Rollouter(RolloutHost):
         self.reward = Scorer(RewardExecutor.from_config(config.reward), reward_models, config.reward.model)
         self.budget = StalenessBudget.from_config(config)
         self.queue = SampleQueue(capacity=self.budget.max_per_version)
-        self.params = SamplingParams.from_rollout(config.rollout, config.data.max_response_length)
-        self.greedy_params = greedy_params(config.data.max_response_length, config.rollout.ignore_eos) \
-            if needs_greedy_baseline(config) else None
-        self.lengths = LengthDistribution.parse(config.rollout.length_distribution) \
-            if config.rollout.length_distribution else None
-        # Multi-turn rollouts (rollout.multi_turn): each slot of a group is a trajectory of turns and tool calls.
-        self.agent = AgentLoop.from_config(config.rollout.multi_turn, tokenizer) \
-            if config.rollout.multi_turn.enable else None
-        # Your own agent (rollout.agent.path): each slot is one run of it against this actor's recording endpoint.
-        self.agents = load_agent_runner(config, tokenizer)
-        self.agent_pool = None                      # serving while `run` runs
-        self.serving = contextlib.AsyncExitStack()
+        self.requests = SlotRequests.from_config(config)
+        self.counters = {"generated_groups": 0, "resumed_responses": 0, "aborted_responses": 0,
+                         "queued_groups": 0, "filtered_groups": 0}
+        # The agent paths (agent_slots.py), at most one: each slot of a group is a trajectory of turns and tool
+        # calls (rollout.multi_turn), or one run of your own agent against this actor's recording endpoint
+        # (rollout.agent.path).
+        self.trajectories = TrajectorySlots.from_config(config, tokenizer, self.requests, self.counters)
+        self.agent_runs = AgentRunSlots.from_config(config, tokenizer, self.requests)
         self.in_flight: dict[int, Group] = {}      # admitted, generating (or parked after an abort)
         self.unqueued: dict[int, Group] = {}       # generated, being scored and put on the queue
         self.next_serial = 0
@@ -123,8 +85,6 @@ class Rollouter(RolloutHost):
         self.delivering = asyncio.Lock()            # one scoring + queue call at a time
         self.to_deliver: list[Group] = []           # generated, waiting for the next delivery
         self.waiting_takes: set[asyncio.Future] = set()   # the trainer's takes waiting for groups
-        self.counters = {"generated_groups": 0, "resumed_responses": 0, "aborted_responses": 0,
-                         "queued_groups": 0, "filtered_groups": 0}
         self.filtering = FilterWindow.from_config(config)
         self.failure: Optional[Exception] = None     # raised to the trainer by its next take
         self.filter_counts_at_sync = (0, 0)           # queued and filtered groups at the last sync
@@ -145,9 +105,8 @@ class Rollouter(RolloutHost):
         await self.queue.restore(queued)
         self.budget.charged = len(parked) + len(queued)
         self.rollout.activity().restart()
-        if self.agents is not None:
-            self.agent_pool = await self.serving.enter_async_context(self.agents.pool(self.rollout,
-                                                                                      lambda: self.version))
+        if self.agent_runs is not None:
+            await self.agent_runs.start(self.rollout, lambda: self.version)
         tasks = [asyncio.create_task(self.run_group(group)) for group in parked]
         while True:
             await self.wait_for_admission()
@@ -160,14 +119,15 @@ class Rollouter(RolloutHost):
             self.admitted_in_version += 1
             tasks.append(asyncio.create_task(self.run_group(group)))
         await asyncio.gather(*tasks)
-        await self.serving.aclose()
+        if self.agent_runs is not None:
+            await self.agent_runs.stop()
         await self.queue.close()
         return {**self.counters, **self.rollout.health().metrics()}
 
     def new_group(self, index: int) -> Group:
         """An admitted prompt's group: rollout.n slots, and one more for the greedy baseline when needed."""
         num_samples = self.config.rollout.n
-        num_slots = num_samples + (self.greedy_params is not None)
+        num_slots = num_samples + (self.requests.greedy_params is not None)
         return Group(self.dataset[index], self.sampler.epoch, self.next_serial, [None] * num_slots,
                      num_samples=num_samples)
 
@@ -215,8 +175,8 @@ class Rollouter(RolloutHost):
         """Score the groups' samples (and greedy baselines) in one call; each group keeps its scored samples."""
         samples = [member.samples() for member in batch]
         flat = [sample for group in samples for sample in group]
-        if self.agents is not None:   # scored by the agent's own reward
-            scored, _ = score_agent_samples(flat, self.config, validation=False)
+        if self.agent_runs is not None:   # scored by the agent's own reward
+            scored = self.agent_runs.score(flat, self.config)
         else:
             scored, _ = await asyncio.to_thread(score_for_training, flat, self.reward, self.tokenizer, self.config)
         start = 0
@@ -258,64 +218,21 @@ class Rollouter(RolloutHost):
     async def generate_slots(self, group: Group, slots: list[int]) -> list[GenerationResult]:
         """Generate (or resume) the responses of `slots` in one call, so they share the prompt's KV blocks on
         one engine; the rollout chooses the engine and starts the requests again elsewhere if it dies."""
-        if self.agent is not None:
-            return await self.run_trajectories(group, slots)
-        if self.agents is not None:
-            return await self.run_agents(group, slots)
+        if self.trajectories is not None:
+            return await self.trajectories.generate(self.rollout, group, slots)
+        if self.agent_runs is not None:
+            return await self.agent_runs.generate(group, slots)
         requests = []
         for slot in slots:
-            if slot == group.greedy_slot:
-                requests.append(self.greedy_request(group))
-                continue
-            seed = request_seed(self.config.rollout.seed, group.prompt.record.prompt_id, slot, f"epoch{group.epoch}")
-            params = request_params(self.params, seed, self.lengths)
             previous = group.results[slot]
-            if previous is None:
-                requests.append(GenerationRequest(f"g{group.serial}/{slot}", group.prompt.prompt_ids, params))
-            else:
-                requests.append(GenerationRequest.resume(previous, params))
-                self.counters["resumed_responses"] += 1
-        return await self.rollout.generate(requests)
-
-    async def run_trajectories(self, group: Group, slots: list[int]) -> list[GenerationResult]:
-        """Multi-turn: every slot's trajectory advances through the agent loop at once (each turn its own call);
-        a trajectory parked by an abort resumes its turn, one restored mid-tool runs its calls again. A running
-        tool is never interrupted: a pause only holds the trajectory's next turn."""
-        async def advance(slot: int) -> GenerationResult:
             if slot == group.greedy_slot:
-                request, params = self.greedy_request(group), self.greedy_params
+                requests.append(self.requests.greedy(group))
+            elif previous is None:
+                requests.append(self.requests.sampled(group, slot))
             else:
-                seed = request_seed(self.config.rollout.seed, group.prompt.record.prompt_id, slot,
-                                    f"epoch{group.epoch}")
-                params = request_params(self.params, seed, self.lengths)
-                request = GenerationRequest(f"g{group.serial}/{slot}", group.prompt.prompt_ids, params)
-            trajectory = group.trajectories.setdefault(slot, Trajectory.start(request.request_id, request.prompt_ids))
-            self.counters["resumed_responses"] += trajectory.partial is not None
-            await self.agent.run(self.rollout, trajectory, params, group.prompt.record.extra_info)
-            return trajectory.as_result()
-
-        return list(await asyncio.gather(*(advance(slot) for slot in slots)))
-
-    async def run_agents(self, group: Group, slots: list[int]) -> list[GenerationResult]:
-        """Your own agent: one run per slot, all at once. A weight sync during a run does not stop it: a completion
-        aborted by the pause continues on the new weights when generation resumes (the versions show both)."""
-        async def run(slot: int) -> GenerationResult:
-            seed = request_seed(self.config.rollout.seed, group.prompt.record.prompt_id, slot, f"epoch{group.epoch}")
-            request = GenerationRequest(f"g{group.serial}/{slot}", group.prompt.prompt_ids,
-                                        request_params(self.params, seed, self.lengths))
-            outcome = await self.agent_pool.run(request, group.prompt.record)
-            group.agent_samples[slot] = agent_samples(group.prompt, 0, slot, outcome)
-            return run_result(request, outcome)
-
-        return list(await asyncio.gather(*(run(slot) for slot in slots)))
-
-    def greedy_request(self, group: Group) -> GenerationRequest:
-        """The group's greedy response (temperature 0, the whole token budget), new or resumed after an abort."""
-        previous = group.results[group.greedy_slot]
-        if previous is None:
-            return GenerationRequest(f"g{group.serial}/{GREEDY_SUFFIX}", group.prompt.prompt_ids, self.greedy_params)
-        self.counters["resumed_responses"] += 1
-        return GenerationRequest.resume(previous, self.greedy_params)
+                requests.append(GenerationRequest.resume(previous, self.requests.sampled_params(group, slot)))
+            self.counters["resumed_responses"] += previous is not None
+        return await self.rollout.generate(requests)
 
     # ---- the sync protocol --------------------------------------------------------------------------
     async def pause(self) -> dict[str, float]:
@@ -414,7 +331,7 @@ class Rollouter(RolloutHost):
                 "fully_async/rollouter/budget_per_version": float(self.budget.max_per_version),
                 **{f"fully_async/count/{name}": float(value) for name, value in counters.items()},
                 **health.metrics(), **self.reward.metrics(),
-                **(self.agents.counters.metrics() if self.agents is not None else {})}
+                **(self.agent_runs.metrics() if self.agent_runs is not None else {})}
 
 
 # Every blocking ray.get of this actor runs in a worker thread (asyncio.to_thread: building the replica set, the

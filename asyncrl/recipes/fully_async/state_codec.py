@@ -31,7 +31,7 @@ from safetensors.numpy import save as save_arrays
 from asyncrl.core.records import Sample
 from asyncrl.data.records import PromptRecord, TokenizedPrompt
 from asyncrl.engine import GenerationResult
-from asyncrl.recipes.fully_async.rollouter import Group
+from asyncrl.recipes.fully_async.group import Group
 from asyncrl.rollout.agent import ToolCallRecord, Trajectory
 
 STATE_VERSION = 1
