@@ -16,6 +16,8 @@ A sample whose function raises, returns garbage or a non-finite number, kills it
 so hung samples on different processes cost one timeout, not one each; `max_batch_s` bounds a whole `score`
 call from the moment a process can score (every sample not scored by then scores 0 as a timeout). A process that timed out or died, busy or idle,
 is replaced without stopping the others; a sample whose process had died before it was sent is sent again.
+Requests go to a process a chunk at a time and come back one by one, so cheap samples cost few round trips; the
+samples of a chunk after the one its process died or hung on are sent again, not charged.
 """
 
 from __future__ import annotations
@@ -32,11 +34,15 @@ from typing import Optional
 
 from asyncrl.config.reward_schema import RewardConfig
 from asyncrl.rewards.limits import ScoringLimits
-from asyncrl.rewards.process import Phase, ScoringProcess, Taken, stop_all
+from asyncrl.rewards.process import Phase, Scored, ScoringProcess, stop_all
 from asyncrl.rewards.protocol import Failure, RewardRequest, RewardResult
 from asyncrl.rewards.startup import DEFAULT_IMPORT_TIMEOUT_S, spawn_context, start_scoring_processes
 
 logger = logging.getLogger(__name__)
+
+# Requests sent to a process at once: enough to amortize a round trip over cheap samples; a chunk's samples
+# are scored one after another, so a larger one only evens out worse across processes.
+MAX_CHUNK = 32
 
 # More scoring processes than this per CPU only adds memory and start-up time: scorers are CPU-bound, and an
 # I/O-bound one (a remote judge) is better written as `async def`.
@@ -154,12 +160,17 @@ class RewardExecutor:
         return [process for process in self.processes if process.phase is Phase.BUSY]
 
     def dispatch(self, waiting: deque[int], requests: list[RewardRequest]) -> None:
+        """A chunk of the waiting requests to each idle process: a share small enough that the processes finish
+        together when samples cost alike, large enough that cheap samples cost few round trips."""
+        size = max(1, min(MAX_CHUNK, math.ceil(len(waiting) / (2 * len(self.processes)))))
         for slot, process in enumerate(self.processes):
             if not waiting or process.phase is not Phase.IDLE:
                 continue
-            if process.submit(waiting[0], requests[waiting[0]], self.timeout_s):
-                waiting.popleft()
-            else:  # it died while idle: the request stays first in line for the next process that is ready
+            chunk = [waiting[position] for position in range(min(size, len(waiting)))]
+            if process.submit([(index, requests[index]) for index in chunk], self.timeout_s):
+                for _ in chunk:
+                    waiting.popleft()
+            else:  # it died while idle: the requests stay first in line for the next process that is ready
                 self.replace_dead_idle(slot)
 
     def replace_dead_idle(self, slot: int) -> None:
@@ -186,19 +197,36 @@ class RewardExecutor:
         if process.phase is Phase.LOADING:
             process.finish_loading()  # a replacement that can no longer load the function: RewardLoadError
         elif process.phase is Phase.BUSY:
-            result = process.receive() if is_readable else RewardResult.failed(
-                Failure.TIMEOUT, f"timeout after {self.timeout_s:g}s")
-            if isinstance(result, Taken):  # it is scoring; the result comes next
+            self.take_scores(slot, process, results, waiting, is_readable)
+
+    def take_scores(self, slot: int, process: ScoringProcess, results: list[Optional[RewardResult]],
+                    waiting: deque[int], is_readable: bool) -> None:
+        """Every result a busy process has sent; on its death or a passed deadline the sample it was scoring
+        scores 0, the rest of its chunk goes back to the front of the line, and it is replaced."""
+        while is_readable:
+            message = process.receive()
+            if message is None:
+                if not process.taken:  # it was dying when the chunk was sent: send all of it again
+                    waiting.extendleft(reversed(process.pending))
+                    self.replace_dead_idle(slot)
+                    return
+                self.lose_first(slot, process, results, waiting, process.died_result())
                 return
-            if result is None and not process.taken:  # it was dying when the request was sent: send it again
-                waiting.appendleft(process.task_index)
-                self.replace_dead_idle(slot)
+            if isinstance(message, Scored):
+                results[message.task_index] = message.result
+            if process.phase is Phase.IDLE:
                 return
-            if result is None:
-                result = process.died_result()
-            results[process.task_index] = result
-            if process.phase is Phase.BUSY:  # timed out or died
-                self.replace(slot)
+            is_readable = process.connection.poll()
+        if time.monotonic() >= process.deadline:
+            self.lose_first(slot, process, results, waiting,
+                            RewardResult.failed(Failure.TIMEOUT, f"timeout after {self.timeout_s:g}s"))
+
+    def lose_first(self, slot: int, process: ScoringProcess, results: list[Optional[RewardResult]],
+                   waiting: deque[int], result: RewardResult) -> None:
+        pending = list(process.pending)
+        results[pending[0]] = result
+        waiting.extendleft(reversed(pending[1:]))
+        self.replace(slot)
 
     def abandon(self, waiting: deque[int], results: list[Optional[RewardResult]]) -> None:
         """Past `max_batch_s`: every sample not scored yet scores 0 as a timeout; busy processes are replaced."""
@@ -208,7 +236,8 @@ class RewardExecutor:
         waiting.clear()
         for slot, process in enumerate(self.processes):
             if process.phase is Phase.BUSY:
-                results[process.task_index] = timeout
+                for index in process.pending:
+                    results[index] = timeout
                 self.replace(slot)
 
     def replace(self, slot: int) -> None:

@@ -2,10 +2,12 @@
 
     process = ScoringProcess(context, spec, limits, import_timeout_s=120)   # starts it; it loads meanwhile
     process.connection.poll(timeout); process.finish_loading()              # IDLE, or RewardLoadError
-    process.submit(index, request, timeout_s); ...; process.receive()       # Taken, then a RewardResult; None: died
+    process.submit([(index, request), ...], timeout_s); process.receive()  # Taken, then one Scored per request;
+                                                                            # None when it died
 
-The parent side (`ScoringProcess`) is a handle with a phase and a deadline; the child side (`serve`) owns all
-user code. Processes are spawned, not forked, so they inherit neither torch nor Ray state, and a hung one can
+The parent side (`ScoringProcess`) is a handle with a phase, the requests sent and not yet answered, and a
+deadline; the child side (`serve`) owns all user code. A process takes several requests at once and answers
+each as it is scored, so many cheap samples cost few round trips while each still has its own deadline. Processes are spawned, not forked, so they inherit neither torch nor Ray state, and a hung one can
 be killed (a hung Python thread cannot).
 """
 
@@ -19,7 +21,8 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 from multiprocessing.connection import Connection
-from typing import Iterator, Optional
+from collections import deque
+from typing import Iterator
 
 from asyncrl.rewards.limits import ScoringLimits, limit_cpu, limit_memory
 from asyncrl.rewards.loader import RewardLoadError, last_line, load_reward_function, resolve
@@ -44,8 +47,15 @@ class LoadFailed:
 
 
 @dataclass(frozen=True)
+class Scored:
+    """One request's result, with the index the parent gave it."""
+    task_index: int
+    result: RewardResult
+
+
+@dataclass(frozen=True)
 class Taken:
-    """Sent by the child as it takes a request, before scoring it. A process dies over some time (its threads
+    """Sent by the child as it takes a chunk of requests, before scoring them. A process dies over some time (its threads
     exit one by one, and its end of the pipe stays open until the last has), so a request sent to a process
     that was already dying is accepted by the pipe; without this the parent could not tell that death from
     one the sample caused, and the sample would score 0 instead of being sent again."""
@@ -54,7 +64,8 @@ class Taken:
 # ---- the child -----------------------------------------------------------------------------------------------
 
 def serve(spec: str, limits: ScoringLimits, connection: Connection) -> None:
-    """The scoring process's main: load the function, then score requests until None or the parent is gone."""
+    """The scoring process's main: load the function, then score chunks of (index, request) until None or the
+    parent is gone, sending each result as it is ready."""
     # Ctrl-C reaches the whole process group; it is the driver's to handle (it stops the run and closes its
     # scorers), so a scorer must not die of it. SIGINT was blocked across the spawn; ignore it, then unblock.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -73,14 +84,15 @@ def serve(spec: str, limits: ScoringLimits, connection: Connection) -> None:
     loop = asyncio.new_event_loop()
     while True:
         try:
-            request = connection.recv()
+            chunk = connection.recv()
         except EOFError:  # the parent died without closing us
             return
-        if request is None:
+        if chunk is None:
             return
         connection.send(Taken())
-        limit_cpu(limits.max_cpu_s)
-        connection.send(score_one(function, request, loop, limits))
+        for task_index, request in chunk:
+            limit_cpu(limits.max_cpu_s)
+            connection.send(Scored(task_index, score_one(function, request, loop, limits)))
 
 
 def score_one(function: RewardFn, request: RewardRequest, loop: asyncio.AbstractEventLoop,
@@ -103,7 +115,7 @@ def score_one(function: RewardFn, request: RewardRequest, loop: asyncio.Abstract
 class Phase(Enum):
     LOADING = "loading"   # started, the reward function not yet loaded; `deadline` is the import deadline
     IDLE = "idle"
-    BUSY = "busy"         # sent request `task_index` (`taken` once it said so); `deadline` is the sample's
+    BUSY = "busy"         # requests `pending` (`taken` once it said so); `deadline` is the first pending's
 
 
 @contextlib.contextmanager
@@ -129,8 +141,9 @@ class ScoringProcess:
         child_end.close()
         self.phase = Phase.LOADING
         self.deadline = time.monotonic() + import_timeout_s
-        self.task_index: Optional[int] = None
+        self.pending: deque[int] = deque()   # task indexes sent, in the order their results come
         self.taken = False
+        self.timeout_s = 0.0
 
     @property
     def pid(self) -> int:
@@ -156,21 +169,23 @@ class ScoringProcess:
         raise RewardLoadError(f"reward function {self.spec}: its scoring process {exit_description} while "
                               f"loading it (a reward module must not exit at import); {MAIN_GUARD_HINT}")
 
-    def submit(self, task_index: int, request: RewardRequest, timeout_s: float) -> bool:
-        """Send a request; False when the process has died (while idle), so the request never reached it."""
+    def submit(self, chunk: list[tuple[int, RewardRequest]], timeout_s: float) -> bool:
+        """Send (task index, request) pairs, each to be scored within `timeout_s` of the one before; False when
+        the process has died (while idle), so the requests never reached it."""
         if not self.process.is_alive():
             return False
         try:
-            self.connection.send(request)
+            self.connection.send(chunk)
         except OSError:  # BrokenPipeError, ConnectionResetError: it died after the check
             return False
         self.phase = Phase.BUSY
-        self.task_index = task_index
+        self.pending = deque(task_index for task_index, _ in chunk)
         self.taken = False
+        self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         return True
 
-    def receive(self) -> Loaded | LoadFailed | Taken | RewardResult | None:
+    def receive(self) -> Loaded | LoadFailed | Taken | Scored | None:
         """The next message, or None when the process has died."""
         try:
             message = self.connection.recv()
@@ -178,12 +193,15 @@ class ScoringProcess:
             return None
         if isinstance(message, Taken):
             self.taken = True
-        elif isinstance(message, RewardResult):
-            self.phase = Phase.IDLE
+        elif isinstance(message, Scored):
+            self.pending.popleft()
+            self.deadline = time.monotonic() + self.timeout_s
+            if not self.pending:
+                self.phase = Phase.IDLE
         return message
 
     def died_result(self) -> RewardResult:
-        """The result of a sample whose process died while scoring it."""
+        """The result of the sample whose process died while scoring it (the first pending)."""
         description = self.exit_description()
         if self.process.exitcode == -signal.SIGXCPU:
             description += f": it used more than its CPU limit (max_cpu_s={self.limits.max_cpu_s:g}) on this sample"

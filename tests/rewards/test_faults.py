@@ -35,6 +35,11 @@ def sleeps_then_scores_length(data_source, solution_str, ground_truth, extra_inf
         time.sleep(2)
     return float(len(solution_str))
 
+def exits_on_die(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "die":
+        os._exit(3)
+    return float(solution_str == ground_truth)
+
 def spins(data_source, solution_str, ground_truth, extra_info=None):
     while solution_str == "spin":
         pass
@@ -149,6 +154,33 @@ def test_a_score_call_interrupted_midway_leaves_no_stale_answer_for_the_next(sco
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        executor.close()
+
+
+def test_a_process_dying_mid_chunk_loses_only_the_sample_it_was_scoring(scorers):
+    """One process takes several requests at once (here two: four requests, one process); the one it dies on
+    scores 0 with the exit named, the rest of its chunk is sent again to the replacement and scored."""
+    executor = RewardExecutor(f"{scorers}:exits_on_die", timeout_s=30)
+    try:
+        results = executor.score(requests("die", "yes", "yes", "no"))
+        assert scores(results) == [0.0, 1.0, 1.0, 0.0]
+        assert results[0].error == "scoring process died: it exited with code 3"
+        assert [result.error for result in results[1:]] == [None, None, None]
+        assert executor.metrics()["reward/num_errors"] == 1 and executor.metrics()["reward/num_restarts"] == 1
+    finally:
+        executor.close()
+
+
+def test_each_sample_of_a_chunk_has_its_own_deadline(scorers):
+    """A hung first sample times out after timeout_s; the samples after it in its chunk are not charged for it:
+    they are sent again and score."""
+    executor = RewardExecutor(f"{scorers}:hangs_on_slow", timeout_s=3)
+    try:
+        results = executor.score(requests("slow", "fast", "fast"))
+        assert scores(results) == [0.0, 1.0, 1.0]
+        assert results[0].error == "timeout after 3s"
+        assert executor.metrics()["reward/num_timeouts"] == 1
+    finally:
         executor.close()
 
 
