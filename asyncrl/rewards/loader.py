@@ -6,17 +6,17 @@
 
 Loading runs the module's top level, which is user code that may hang, exit or fill the memory: only scoring
 processes call this (`asyncrl.rewards.process`). The driver checks a spec with `check_reward_function`, which
-loads it in a scoring process under a time limit.
+loads it in a scoring process under a time limit. The import itself is `asyncrl.config.user_code`'s, which loads
+tools and agents too; the messages here are the reward function's own.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import traceback
 from pathlib import Path
-from types import ModuleType
 
+from asyncrl.config.user_code import ImportFailed, MissingAttribute, MissingFile, UserCodeError, UserSpec, \
+    load_attribute, split_spec
 from asyncrl.rewards.protocol import RewardFn
 
 BUILTIN = "asyncrl.rewards.builtin:compute_score"
@@ -34,40 +34,33 @@ def resolve(spec: str) -> str:
 
 def load_reward_function(spec: str) -> RewardFn:
     spec = resolve(spec)
-    location, sep, name = spec.rpartition(":")
-    if not sep or not location or not name:
+    parsed = split_spec(spec)
+    if parsed is None:
         raise RewardLoadError(f"reward function {spec!r} must look like 'path/to/file.py:function' "
                               f"or 'package.module:function'")
-    module = load_file(Path(location)) if location.endswith(".py") else load_module(spec, location)
-    function = getattr(module, name, None)
-    if function is None:
-        raise RewardLoadError(f"reward function {spec!r}: {location} defines no {name!r}")
+    try:
+        function = load_attribute(parsed, kind="reward")
+    except UserCodeError as failure:
+        raise RewardLoadError(load_failure(spec, parsed, failure)) from None
     if not callable(function):
-        raise RewardLoadError(f"reward function {spec!r}: {name!r} in {location} is not callable")
+        raise RewardLoadError(f"reward function {spec!r}: {parsed.name!r} in {parsed.location} is not callable")
     return function
 
 
-def load_module(spec: str, location: str) -> ModuleType:
-    try:
-        return importlib.import_module(location)
-    except ImportError as error:
-        raise RewardLoadError(f"reward function {spec!r}: cannot import module {location!r}: {error}") from None
-    except (Exception, SystemExit) as error:  # sys.exit() at import is a failed import too, not the scorer's end
-        raise RewardLoadError(f"reward function {spec!r}: module {location!r} failed to import: "
-                              f"{last_line(error)}") from None
-
-
-def load_file(path: Path) -> ModuleType:
-    if not path.is_file():
-        raise RewardLoadError(f"reward function file {path} does not exist")
-    module_spec = importlib.util.spec_from_file_location(f"asyncrl_user_reward_{path.stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)
-    except (Exception, SystemExit) as error:
-        raise RewardLoadError(f"reward function file {path} failed to import: {last_line(error)}"
-                              f"{where_in(path, error)}") from None
-    return module
+def load_failure(spec: str, parsed: UserSpec, failure: UserCodeError) -> str:
+    """The message of a reward function that did not load, naming the file or module and the cause."""
+    match failure:
+        case MissingFile(file=file):
+            return f"reward function file {file} does not exist"
+        case ImportFailed(file=Path() as file, error=error):
+            return f"reward function file {file} failed to import: {last_line(error)}{where_in(file, error)}"
+        case ImportFailed(error=ImportError() as error):
+            return f"reward function {spec!r}: cannot import module {parsed.location!r}: {error}"
+        case ImportFailed(error=error):
+            return f"reward function {spec!r}: module {parsed.location!r} failed to import: {last_line(error)}"
+        case MissingAttribute():
+            return f"reward function {spec!r}: {parsed.location} defines no {parsed.name!r}"
+    raise TypeError(f"no reward wording for {type(failure).__name__}: {failure}")
 
 
 def last_line(error: BaseException) -> str:

@@ -23,19 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Optional
 
 import openai
 
 from asyncrl.config import AsyncRLConfig
+from asyncrl.config.user_code import ImportFailed, MissingAttribute, MissingFile, load_attribute, split_spec
 from asyncrl.data.records import PromptRecord
 from asyncrl.engine import GenerationRequest, SamplingParams
 from asyncrl.models import TransformerConfig
@@ -57,34 +55,23 @@ class AgentResultError(ValueError):
     """The agent returned what is not a reward (names what it returned)."""
 
 
-def import_agent_module(where: str, path: str) -> ModuleType:
-    """The user's file or module, run once; any failure while it runs is an AgentLoadError naming it."""
-    try:
-        if not where.endswith(".py"):
-            return importlib.import_module(where)
-        file = Path(where)
-        if not file.is_file():
-            raise AgentLoadError(f"rollout.agent.path {path!r}: no file {file.resolve()}")
-        spec = importlib.util.spec_from_file_location(f"asyncrl_user_agent_{file.stem}", file)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    except AgentLoadError:
-        raise
-    except (Exception, SystemExit) as error:   # the user's code: whatever it raises at import
-        raise AgentLoadError(f"rollout.agent.path {path!r}: {where} failed to import: "
-                             f"{type(error).__name__}: {error}") from None
-
-
 def load_agent(path: str) -> AgentFunction:
     """The function `path` names: "file.py:name" (a file, relative to the working directory) or
-    "package.module:name"."""
-    where, separator, name = path.rpartition(":")
-    if not separator or not where or not name:
+    "package.module:name"; any failure while its module runs is an AgentLoadError naming it."""
+    spec = split_spec(path)
+    if spec is None:
         raise AgentLoadError(f"rollout.agent.path must be 'file.py:function' or 'module:function', got {path!r}")
-    function = getattr(import_agent_module(where, path), name, None)
+    try:
+        function = load_attribute(spec, kind="agent")
+    except MissingFile as failure:
+        raise AgentLoadError(f"rollout.agent.path {path!r}: no file {failure.file.resolve()}") from None
+    except ImportFailed as failure:
+        raise AgentLoadError(f"rollout.agent.path {path!r}: {spec.location} failed to import: {failure.cause}") \
+            from None
+    except MissingAttribute:
+        function = None
     if function is None or not asyncio.iscoroutinefunction(function):
-        raise AgentLoadError(f"rollout.agent.path {path!r}: {where} has no async function {name!r} "
+        raise AgentLoadError(f"rollout.agent.path {path!r}: {spec.location} has no async function {spec.name!r} "
                              "(write `async def rollout(client, sample)`)")
     return function
 

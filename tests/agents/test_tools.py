@@ -130,6 +130,10 @@ def test_a_class_tool_is_built_once_with_its_config(tool_file):
     ([{"class_name": "calculator", "config": {"timeout_s": -1}}], "config.timeout_s"),
     ([{"class_name": "calculator", "config": {"colour": "red"}}], "unknown config keys"),
     ([{"class_name": "calcultor"}], "no built-in"),
+    ([{"class_name": ":f", "tool_schema": schema("f")}], r"tools\[0\]: class_name ':f' is no built-in"),
+    ([{"class_name": "no_such_tool_module:f", "tool_schema": schema("f")}],
+     r"tools\[0\]: class_name: no_such_tool_module failed to import: ModuleNotFoundError: No module named "
+     r"'no_such_tool_module'"),
 ])
 def test_a_bad_tool_file_names_the_entry_and_the_key(tmp_path, entries, message):
     (tmp_path / "my_tools.py").write_text(USER_TOOLS)

@@ -15,14 +15,13 @@ from the YAML file's folder. Every error names the file, the entry and the key.
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import inspect
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from asyncrl.config.user_code import ImportFailed, MissingAttribute, MissingFile, load_attribute, split_spec
 from asyncrl.rollout.tools.base import TOOLS, CallContext, FunctionTool, Tool
 from asyncrl.rollout.tools.latency import LatencyDistribution
 
@@ -88,8 +87,7 @@ def build_tool(entry: Any, path: Path, where: str) -> Tool:
             raise ToolConfigError(f"{where}: config: {error}") from None
     else:
         if ":" not in class_name:
-            raise ToolConfigError(f"{where}: class_name {class_name!r} is no built-in ({', '.join(TOOLS)}) and does "
-                                  "not look like 'path/file.py:function' or 'package.module:Class'")
+            raise unknown_class_name(class_name, where)
         if schema is None:
             raise ToolConfigError(f"{where}: tool_schema is required for a user tool ({class_name})")
         name = schema_name(schema, where)
@@ -111,29 +109,27 @@ def schema_name(schema: Any, where: str) -> str:
     return name
 
 
+def unknown_class_name(class_name: str, where: str) -> ToolConfigError:
+    return ToolConfigError(f"{where}: class_name {class_name!r} is no built-in ({', '.join(TOOLS)}) and does not "
+                           "look like 'path/file.py:function' or 'package.module:Class'")
+
+
 def load_callable(class_name: str, config: dict[str, Any], path: Path, where: str):
-    location, sep, attribute = class_name.rpartition(":")
-    if not sep or not location or not attribute:
-        raise ToolConfigError(f"{where}: class_name {class_name!r} is no built-in ({', '.join(TOOLS)}) and does "
-                              "not look like 'path/file.py:function' or 'package.module:Class'")
+    """The user tool `class_name` names (a file relative to the YAML's folder, or a module): a function, or an
+    instance of a class built with the entry's config."""
+    spec = split_spec(class_name)
+    if spec is None:
+        raise unknown_class_name(class_name, where)
     try:
-        if location.endswith(".py"):
-            file = Path(location) if Path(location).is_absolute() else path.parent / location
-            if not file.is_file():
-                raise ToolConfigError(f"{where}: class_name: file {file} does not exist")
-            module_spec = importlib.util.spec_from_file_location(f"asyncrl_user_tool_{file.stem}", file)
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(location)
-    except ToolConfigError:
-        raise
-    except (Exception, SystemExit) as error:
-        raise ToolConfigError(f"{where}: class_name: {location} failed to import: "
-                              f"{type(error).__name__}: {error}") from None
-    target = getattr(module, attribute, None)
+        target = load_attribute(spec, kind="tool", folder=path.parent)
+    except MissingFile as failure:
+        raise ToolConfigError(f"{where}: class_name: file {failure.file} does not exist") from None
+    except ImportFailed as failure:
+        raise ToolConfigError(f"{where}: class_name: {spec.location} failed to import: {failure.cause}") from None
+    except MissingAttribute:
+        target = None
     if target is None or not callable(target):
-        raise ToolConfigError(f"{where}: class_name: {location} defines no callable {attribute!r}")
+        raise ToolConfigError(f"{where}: class_name: {spec.location} defines no callable {spec.name!r}")
     if inspect.isclass(target):
         try:
             return target(**config)
