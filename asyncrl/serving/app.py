@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from asyncrl.rollout.agent.parser import TOOL_CALL_PARSERS
+from asyncrl.rollout.agent.parser import TOOL_CALL_PARSERS, ParsedTurn
 from asyncrl.serving.chat import create_chat_completion
 from asyncrl.serving.completions import create_completion, sse
 from asyncrl.serving.metrics import ServerMetrics
@@ -82,8 +82,8 @@ def stream_response(events: AsyncIterator[str]) -> StreamingResponse:
 
 def build_app(served: ServedModel, settings: ServerSettings = ServerSettings(),
               metrics: ServerMetrics | None = None) -> FastAPI:
+    """The server's app over `served`: the guards and errors, then the OpenAI, admin and monitoring routes."""
     metrics = metrics if metrics is not None else ServerMetrics()
-    parse_tool_calls = TOOL_CALL_PARSERS[settings.tool_call_parser]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -93,7 +93,16 @@ def build_app(served: ServedModel, settings: ServerSettings = ServerSettings(),
     app = FastAPI(title="asyncrl serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.served = served
     app.state.metrics = metrics
+    add_guards(app, settings, metrics)
+    add_openai_routes(app, served, metrics, TOOL_CALL_PARSERS[settings.tool_call_parser])
+    add_admin_routes(app, served, metrics)
+    add_monitoring_routes(app, served, metrics)
+    return app
 
+
+def add_guards(app: FastAPI, settings: ServerSettings, metrics: ServerMetrics) -> None:
+    """What every request passes: the API key and the body limit, the request metrics, and OpenAI-style errors
+    for whatever a route raises (an unknown route included)."""
     @app.middleware("http")
     async def guard_and_count(request: Request, call_next: Callable[[Request], Any]) -> Response:
         started = time.monotonic()
@@ -125,6 +134,10 @@ def build_app(served: ServedModel, settings: ServerSettings = ServerSettings(),
         message = f"no route {request.method} {request.url.path}" if is_unknown_route else str(error.detail)
         return JSONResponse(error_body(error.status_code, message), status_code=error.status_code)
 
+
+def add_openai_routes(app: FastAPI, served: ServedModel, metrics: ServerMetrics,
+                      parse_tool_calls: Callable[[str], ParsedTurn]) -> None:
+    """OpenAI's routes: the model list, completions and chat completions (streamed or not)."""
     def check_model(request: SamplingFields) -> None:
         if request.model != served.name:
             raise APIError(404, f"model {request.model!r} is not served here; GET /v1/models lists {served.name!r}",
@@ -149,8 +162,9 @@ def build_app(served: ServedModel, settings: ServerSettings = ServerSettings(),
         answer = await create_chat_completion(served, metrics, body, request.headers, parse_tool_calls)
         return stream_response(answer) if body.stream else answer
 
-    add_admin_routes(app, served, metrics)
 
+def add_monitoring_routes(app: FastAPI, served: ServedModel, metrics: ServerMetrics) -> None:
+    """/health (open without the key, for load balancers) and /metrics (Prometheus)."""
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": served.name, "weight_version": served.version}
@@ -160,8 +174,6 @@ def build_app(served: ServedModel, settings: ServerSettings = ServerSettings(),
         running, waiting = served.queue_lengths()
         text = metrics.exposition(running, waiting, served.version, served.engine.is_paused)
         return PlainTextResponse(text, media_type=PROMETHEUS_CONTENT_TYPE)
-
-    return app
 
 
 def add_admin_routes(app: FastAPI, served: ServedModel, metrics: ServerMetrics) -> None:
