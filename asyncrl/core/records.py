@@ -66,7 +66,9 @@ class Sample:
     @property
     def last_trained_index(self) -> int:
         """Index of the response token the reward sits on: the last one that trains (-1 if none)."""
-        trained = np.flatnonzero(self.loss_mask)
+        if self.trajectory is None:
+            return self.num_response_tokens - 1
+        trained = np.flatnonzero(self.trajectory.loss_mask)
         return int(trained[-1]) if trained.size else -1
 
     def with_reward(self, score: float, extra: dict[str, float], error: Optional[str]) -> "Sample":
@@ -94,11 +96,12 @@ def samples_to_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
             mask[row, :sample.num_response_tokens] = torch.from_numpy(sample.loss_mask.astype(np.float32))
         batch = batch.replace(response_mask=mask)
     if all(sample.score is not None for sample in samples):
-        scores = torch.zeros(len(samples), width)
+        scores = np.zeros((len(samples), width), dtype=np.float32)
         for row, sample in enumerate(samples):
-            if sample.last_trained_index >= 0:
-                scores[row, sample.last_trained_index] = sample.reward
-        batch = batch.replace(token_level_scores=scores)
+            index = sample.last_trained_index
+            if index >= 0:
+                scores[row, index] = sample.reward
+        batch = batch.replace(token_level_scores=torch.from_numpy(scores))
     if samples and all(sample.baseline_score is not None for sample in samples):
         batch = batch.replace(reward_baselines=torch.tensor([sample.baseline_score for sample in samples]))
     return batch
