@@ -1,6 +1,8 @@
-"""Scoring faults in real sync runs (Ray actors, the driver's RewardExecutor and its scoring processes):
+"""Scoring faults in a real sync run (Ray actors, the driver's RewardExecutor and its two scoring processes),
+both in one run, as each leaves its own trace:
 
-- a scoring process killed while idle, between two steps, is replaced and the run finishes, losing no sample;
+- a scoring process killed while idle, between two steps, is replaced and the run finishes, losing no sample:
+  every sample is scored and none is counted as an error or a timeout beyond the non-finite ones;
 - NaN and inf rewards score 0 and are counted, exactly: reward/num_nonfinite (and reward/num_errors) equal the
   number of trained samples whose reward was not finite.
 """
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pyarrow.parquet as parquet
 
-from asyncrl.launch import build_runtime, train
+from asyncrl.launch import build_runtime
 from asyncrl.recipes.sync import SyncRecipe
 from asyncrl.telemetry import read_metrics
 
@@ -37,10 +39,23 @@ def wait_until_dead(pid: int, timeout_s: float = 30) -> None:
     raise AssertionError(f"scoring process {pid} still alive {timeout_s}s after SIGKILL")
 
 
-def test_a_scorer_killed_while_idle_between_steps_is_replaced_and_the_run_finishes(make_raw_config, ray_session):
-    config = make_raw_config(f"trainer.total_steps={NUM_STEPS}", "data.train_batch_size=8",
+NONFINITE_REWARD = (  # NaN when the sum ends in 0, inf when it ends in 1
+    "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+    "    if ground_truth.endswith('0'):\n"
+    "        return float('nan')\n"
+    "    if ground_truth.endswith('1'):\n"
+    "        return float('inf')\n"
+    "    return float(solution_str.strip() == ground_truth)\n")
+
+
+def test_an_idle_scorer_killed_is_replaced_losing_no_sample_and_nonfinite_rewards_score_zero_counted(
+        make_raw_config, raw_policy, ray_session, tmp_path):
+    reward_file = tmp_path / "nonfinite.py"
+    reward_file.write_text(NONFINITE_REWARD)
+    config = make_raw_config(f"reward.custom_function={reward_file}:compute_score", "reward.num_workers=2",
+                             f"trainer.total_steps={NUM_STEPS}", "data.train_batch_size=8",
                              "actor.ppo_mini_batch_size=8", "trainer.val_before_train=false", "data.val_files=[]",
-                             "reward.num_workers=2")
+                             "trainer.dump_rollouts=true")
     runtime = build_runtime(config)
     recipe = SyncRecipe(runtime)
     killed: list[int] = []
@@ -63,37 +78,19 @@ def test_a_scorer_killed_while_idle_between_steps_is_replaced_and_the_run_finish
         runtime.close()
     assert summary["steps"] == NUM_STEPS and len(killed) == 1
     assert killed[0] not in pids_after and len(pids_after) == 2   # replaced
-    rows = [row for row in read_metrics(Path(config.trainer.output_dir) / "metrics.jsonl") if "reward/num_scored" in row]
-    assert [row["step"] for row in rows] == list(range(1, NUM_STEPS + 1))
-    assert rows[0]["reward/num_restarts"] == 0 and rows[-1]["reward/num_restarts"] >= 1
-    # An idle death costs no sample: the batch after it was scored in full, none counted as an error.
-    assert rows[-1]["reward/num_scored"] == NUM_STEPS * 8 * config.rollout.n
-    assert rows[-1]["reward/num_errors"] == 0 and rows[-1]["reward/num_timeouts"] == 0
-
-
-def test_nan_and_inf_rewards_score_zero_and_are_counted(make_raw_config, raw_policy, ray_session, tmp_path):
-    reward_file = tmp_path / "nonfinite.py"   # NaN when the sum ends in 0, inf when it ends in 1
-    reward_file.write_text(
-        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-        "    if ground_truth.endswith('0'):\n"
-        "        return float('nan')\n"
-        "    if ground_truth.endswith('1'):\n"
-        "        return float('inf')\n"
-        "    return float(solution_str.strip() == ground_truth)\n")
-    config = make_raw_config(f"reward.custom_function={reward_file}:compute_score",
-                             f"trainer.total_steps={NUM_STEPS}", "data.train_batch_size=8",
-                             "actor.ppo_mini_batch_size=8", "trainer.val_before_train=false", "data.val_files=[]",
-                             "trainer.dump_rollouts=true")
-    summary = train(config)
-    assert summary["steps"] == NUM_STEPS
     output = Path(config.trainer.output_dir)
     truths = [row["reward_model"]["ground_truth"] for row in parquet.read_table(raw_policy["train"]).to_pylist()]
     trained = [json.loads(line) for step in range(1, NUM_STEPS + 1)
                for line in (output / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
     nonfinite = [sample for sample in trained if truths[int(sample["prompt_id"].rsplit(":", 1)[1])][-1] in "01"]
-    assert 0 < len(nonfinite) < len(trained)
+    assert len(trained) == NUM_STEPS * 8 * config.rollout.n and 0 < len(nonfinite) < len(trained)
     assert all(sample["score"] == 0.0 for sample in nonfinite)   # scored 0, never NaN in the batch
-    rows = [row for row in read_metrics(output / "metrics.jsonl") if "reward/num_nonfinite" in row]
+    rows = [row for row in read_metrics(output / "metrics.jsonl") if "reward/num_scored" in row]
+    assert [row["step"] for row in rows] == list(range(1, NUM_STEPS + 1))
+    assert rows[0]["reward/num_restarts"] == 0 and rows[-1]["reward/num_restarts"] >= 1
+    # An idle death costs no sample: the batch after it was scored in full, and the only errors counted are the
+    # non-finite rewards, each counted once.
+    assert rows[-1]["reward/num_scored"] == len(trained)
     assert rows[-1]["reward/num_nonfinite"] == len(nonfinite)
-    assert rows[-1]["reward/num_errors"] == len(nonfinite)
+    assert rows[-1]["reward/num_errors"] == len(nonfinite) and rows[-1]["reward/num_timeouts"] == 0
     assert all(math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["critic/score/mean"]) for row in rows)

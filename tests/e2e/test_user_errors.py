@@ -1,5 +1,6 @@
-"""What a user sees when their input is wrong: one clear line, no traceback, no Ray started; and a reward
-function that raises during training costs only its samples (scored 0, counted, warned about)."""
+"""What a user sees when their input is wrong: one clear line, no traceback, no Ray started; a reward function
+that raises during training costs only its samples (scored 0, counted, warned about); a finished run run again
+starts nothing."""
 
 from __future__ import annotations
 
@@ -29,45 +30,40 @@ def test_bad_config_key(tmp_path):
     assert_clean_failure(train_cli("actor.ppo_mini_batchsize=4"), "actor.ppo_mini_batch_size")
 
 
-def test_missing_dataset_file_and_model_folder(warm_policy, tmp_path):
-    result = train_cli(f"model.path={warm_policy['model']}", f"data.train_files=[{tmp_path / 'nope.parquet'}]",
+def test_missing_dataset_file_and_model_folder(raw_policy, tmp_path):
+    result = train_cli(f"model.path={raw_policy['model']}", f"data.train_files=[{tmp_path / 'nope.parquet'}]",
                        "data.max_prompt_length=16", "data.max_response_length=6")
     assert_clean_failure(result, "nope.parquet does not exist")
-    result = train_cli(f"model.path={tmp_path / 'no_model'}", f"data.train_files=[{warm_policy['train']}]")
+    result = train_cli(f"model.path={tmp_path / 'no_model'}", f"data.train_files=[{raw_policy['train']}]")
     assert_clean_failure(result, "model.path", "no_model does not exist")
 
 
-def test_reward_function_that_raises_scores_zero_is_counted_and_the_run_finishes(make_config, tmp_path):
+FLAKY_REWARD = ("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                "    if solution_str.endswith('1'):\n"
+                "        raise ValueError('cannot score answers ending in 1')\n"
+                "    return float(solution_str.strip() == ground_truth)\n")
+
+
+def test_a_reward_that_raises_costs_its_samples_and_a_finished_run_run_again_starts_nothing(make_raw_config,
+                                                                                            tmp_path):
+    """A reward function that raises during training costs only its samples: scored 0, counted, warned about in
+    one line without a traceback, and the run finishes. The same command again starts nothing, says how to train
+    again and exits 0. A changed trainer.mode is refused before Ray with both values named. Neither touches the
+    finished run's files; raising trainer.total_steps trains on from its last checkpoint."""
     reward_file = tmp_path / "flaky.py"
-    reward_file.write_text(
-        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-        "    if solution_str.endswith('1'):\n"
-        "        raise ValueError('cannot score answers ending in 1')\n"
-        "    return float(solution_str.strip() == ground_truth)\n")
-    config = make_config(f"reward.custom_function={reward_file}:compute_score", "trainer.total_steps=2",
-                         "trainer.val_before_train=false", "data.val_files=[]", "data.train_batch_size=8",
-                         "actor.ppo_mini_batch_size=8")
-    config_path = tmp_path / "run.yaml"
-    config_path.write_text(dump_config(config))
-    result = train_cli(str(config_path))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "the reward function failed on" in result.stderr and "cannot score answers ending in 1" in result.stderr
-    assert "Traceback" not in result.stderr
-    rows = [row for row in read_metrics(f"{config.trainer.output_dir}/metrics.jsonl") if "reward/num_errors" in row]
-    assert len(rows) == 2 and rows[-1]["reward/num_errors"] > 0
-
-
-def test_a_finished_run_run_again_warns_and_a_changed_mode_is_refused_both_before_ray(make_raw_config, tmp_path):
-    """The same command twice: the second starts nothing, says how to train again and exits 0. A changed
-    trainer.mode is refused before Ray with both values named. Neither touches the finished run's files; raising
-    trainer.total_steps trains on from its last checkpoint."""
-    config = make_raw_config("trainer.total_steps=2", "trainer.val_before_train=false", "data.val_files=[]",
-                             "data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "ray.num_cpus=2")
+    reward_file.write_text(FLAKY_REWARD)
+    config = make_raw_config(f"reward.custom_function={reward_file}:compute_score", "trainer.total_steps=2",
+                             "trainer.val_before_train=false", "data.val_files=[]", "data.train_batch_size=8",
+                             "actor.ppo_mini_batch_size=8", "ray.num_cpus=2")
     config_path = tmp_path / "run.yaml"
     config_path.write_text(dump_config(config))
     output = Path(config.trainer.output_dir)
     first = train_cli(str(config_path))
     assert first.returncode == 0, first.stderr[-3000:]
+    assert "the reward function failed on" in first.stderr and "cannot score answers ending in 1" in first.stderr
+    assert "Traceback" not in first.stderr
+    rows = [row for row in read_metrics(output / "metrics.jsonl") if "reward/num_errors" in row]
+    assert len(rows) == 2 and rows[-1]["reward/num_errors"] > 0
     files = {name: (output / name).read_bytes() for name in ("config.yaml", "timeline.json", "metrics.jsonl",
                                                              "summary.json")}
 
