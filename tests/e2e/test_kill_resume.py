@@ -1,9 +1,10 @@
 """Runs killed with SIGKILL and resumed: a fully-async run killed at three different points trains every
 prompt of the epoch exactly once (checkpoints hold the data cursor, the queue and the parked partial
-samples) and still learns; killed and resumed, every step of a fully_async or one_step_off run trains at the
-policy version an uninterrupted run of the same cadence trains it at (a checkpoint names its weights by the version
-they carry). The uninterrupted runs' versions are asserted where those runs are made: tests/e2e/test_fully_async.py
-(a sync every 2 steps) and tests/e2e/test_one_step_off.py."""
+samples) and still learns; a one_step_off run killed mid-epoch and resumed trains every prompt once too (the
+batch generated ahead at the kill is generated again, not lost or trained twice); killed and resumed, every step
+of a fully_async or one_step_off run trains at the policy version an uninterrupted run of the same cadence trains it
+at (a checkpoint names its weights by the version they carry). The uninterrupted runs' versions are asserted where
+those runs are made: tests/e2e/test_fully_async.py (a sync every 2 steps) and tests/e2e/test_one_step_off.py."""
 
 from __future__ import annotations
 
@@ -54,6 +55,14 @@ def trained_versions(output_dir: Path) -> dict[int, int]:
             if "critic/score/mean" in row}
 
 
+def trained_prompts(output_dir: Path, num_steps: int) -> Counter:
+    """How many times each prompt was trained, from the rollouts the steps dumped (one sample per group)."""
+    rollouts = output_dir / "rollouts"
+    return Counter(json.loads(line)["prompt_id"] for step in range(1, num_steps + 1)
+                   for line in (rollouts / f"step_{step}.jsonl").read_text().splitlines()
+                   if json.loads(line)["sample_index"] == 0)
+
+
 def test_sigkill_at_three_points_then_resume_trains_every_prompt_once(make_config, warm_policy, tmp_path):
     output_dir = tmp_path / "killed"
     epoch = tmp_path / "epoch.parquet"  # an epoch of 96 prompts: 12 steps of 8
@@ -71,10 +80,7 @@ def test_sigkill_at_three_points_then_resume_trains_every_prompt_once(make_confi
     assert run_until(config_path, output_dir, None) == 0
     summary = json.loads((output_dir / "summary.json").read_text())
     assert summary["steps"] == 12
-    rollouts = output_dir / "rollouts"
-    trained = Counter(json.loads(line)["prompt_id"] for step in range(1, 13)
-                      for line in (rollouts / f"step_{step}.jsonl").read_text().splitlines()
-                      if json.loads(line)["sample_index"] == 0)
+    trained = trained_prompts(output_dir, 12)
     assert set(trained) == {f"epoch.parquet:{row}" for row in range(96)}  # none lost
     assert set(trained.values()) == {1}, trained.most_common(3)            # none repeated
     # A sync every 2 steps, as uninterrupted: steps 1-2 at version 0, 3-4 at 1, ... (checkpointed inside the
@@ -93,8 +99,8 @@ def test_a_one_step_off_run_killed_mid_run_resumes_at_the_versions_of_an_uninter
     parquet.write_table(parquet.read_table(raw_policy["train"]).slice(0, 64), epoch)
     config = make_raw_config("trainer.mode=one_step_off", "rollout.n_gpus_per_node=1", f"data.train_files=[{epoch}]",
                              "data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "trainer.save_freq=1",
-                             "trainer.val_before_train=false", "data.val_files=[]", "ray.num_cpus=2",
-                             f"trainer.output_dir={output_dir}")
+                             "trainer.dump_rollouts=true", "trainer.val_before_train=false", "data.val_files=[]",
+                             "ray.num_cpus=2", f"trainer.output_dir={output_dir}")
     config_path = tmp_path / "run.yaml"
     config_path.write_text(dump_config(config))
     assert run_until(config_path, output_dir, 3) == -9
@@ -109,3 +115,5 @@ def test_a_one_step_off_run_killed_mid_run_resumes_at_the_versions_of_an_uninter
     staleness = {row["step"]: row["staleness/mean"] for row in read_metrics(output_dir / "metrics.jsonl")
                  if "critic/score/mean" in row}
     assert staleness == {step: 0.0 if step == resumed_from + 1 else 1.0 for step in range(1, 9)}, staleness
+    # Every prompt of the epoch trained once: none lost with the batch in flight at the kill, none repeated.
+    assert trained_prompts(output_dir, 8) == Counter({f"epoch.parquet:{row}": 1 for row in range(64)})
