@@ -12,6 +12,7 @@ from asyncrl.config import load_config
 from asyncrl.data.make import make_task, write_task
 from asyncrl.models import build_tiny_model
 from asyncrl.launch.demo import MODEL_SHAPE, TASK_KNOBS, demo_config_path
+from tests.e2e.demo_configs import warm_config
 
 # The first rows of the demo's splits: more training prompts than any run here trains on (20 steps of 32), and a
 # third of its validation prompts, so that each run tokenizes and validates only what it may use.
@@ -54,8 +55,5 @@ def make_raw_config(raw_policy, tmp_path):
 @pytest.fixture()
 def make_config(warm_policy, tmp_path):
     def make(*overrides: str, output: str = "run"):
-        return load_config(demo_config_path(), [
-            f"model.path={warm_policy['model']}", f"data.train_files=[{warm_policy['train']}]",
-            f"data.val_files=[{warm_policy['val']}]", f"trainer.output_dir={tmp_path / output}",
-            "trainer.device=cpu", "trainer.logger=[jsonl]", "ray.rpc_timeout_s=300", *overrides])
+        return warm_config(warm_policy, tmp_path / output, *overrides)
     return make
