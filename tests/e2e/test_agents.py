@@ -20,8 +20,9 @@ from asyncrl.launch.demo import DEMO_TASKS, TOOLS_CONFIG, demo_config_path, prep
 from asyncrl.telemetry import read_metrics
 from tests.e2e.test_kill_resume import run_until
 
-# The first test also pays for the session's warm start (384 SFT steps: 15 minutes on 2 cores shared with
-# other work); each learning run then takes 2-4 minutes, the SIGKILL test four launches of a short run.
+# The first test also pays for the session's warm start (384 SFT steps: about a minute on 2 cores at load 5, many
+# times that where other work shares the cores); each learning run then takes 0.5-1 minute, the SIGKILL test four
+# launches of a short run. The limit leaves room for a machine far busier than that.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # What the 20 steps of each run below reached from the warm start (28.1% greedy validation, 128 problems) on the
