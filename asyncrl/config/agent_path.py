@@ -14,6 +14,7 @@ from pathlib import Path
 from asyncrl.algos import ADVANTAGE_ESTIMATORS
 from asyncrl.config.errors import ConfigError
 from asyncrl.config.schema import AsyncRLConfig
+from asyncrl.config.user_code import split_spec
 
 KEY = "rollout.agent.path"
 AGENTS_EXTRA = "agents"
@@ -23,10 +24,10 @@ HINT = "(write `async def rollout(client, sample)`; docs/byo-agent.md)"
 
 def split_agent_path(path: str) -> tuple[str, str]:
     """('file.py' or 'package.module', 'function') of a `rollout.agent.path` value."""
-    where, separator, name = path.rpartition(":")
-    if not separator or not where or not name.isidentifier():
+    spec = split_spec(path)
+    if spec is None or not spec.name.isidentifier():
         raise ConfigError(f"{KEY} must be 'file.py:function' or 'package.module:function', got {path!r}")
-    return where, name
+    return spec.location, spec.name
 
 
 def check_agent_file(file: Path, name: str, path: str) -> None:

@@ -23,6 +23,7 @@ import ray
 
 from asyncrl.config import ConfigError
 from asyncrl.config.reward_schema import RewardModelConfig
+from asyncrl.config.user_code import split_spec
 from asyncrl.models import check_model_folder, load_tokenizer
 from asyncrl.remote import RemoteCallError, RemoteTimeoutError, wait_for, wait_for_all, worker_name
 from asyncrl.rewards.judge import ANSWER_PARSERS, check_template
@@ -50,12 +51,12 @@ def check_reward_model(config: RewardModelConfig) -> None:
         raise ConfigError(f"reward.model (kind={config.kind}, path={config.path}): {error}") from None
     parser = config.answer_parser
     if config.kind == "generative" and parser not in ANSWER_PARSERS:
-        location, sep, name = parser.rpartition(":")
-        if not sep or not location or not name:
+        spec = split_spec(parser)
+        if spec is None:
             raise ConfigError(f"reward.model.answer_parser={parser!r} is neither a built-in parser "
                               f"{sorted(ANSWER_PARSERS)} nor 'path/to/file.py:function'")
-        if location.endswith(".py") and not Path(location).is_file():
-            raise ConfigError(f"reward.model.answer_parser={parser!r}: file {location} does not exist")
+        if spec.is_file and not Path(spec.location).is_file():
+            raise ConfigError(f"reward.model.answer_parser={parser!r}: file {spec.location} does not exist")
 
 
 @dataclass
