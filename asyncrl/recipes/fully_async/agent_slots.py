@@ -60,12 +60,11 @@ class TrajectorySlots:
     async def advance(self, rollout: RolloutBackend, group: Group, slot: int) -> GenerationResult:
         if slot == group.greedy_slot:
             request, params = self.requests.greedy(group), self.requests.greedy_params
-            self.counters["resumed_responses"] += group.results[slot] is not None
         else:
             request = self.requests.sampled(group, slot)
             params = request.params
         trajectory = group.trajectories.setdefault(slot, Trajectory.start(request.request_id, request.prompt_ids))
-        self.counters["resumed_responses"] += trajectory.partial is not None
+        self.counters["resumed_responses"] += trajectory.partial is not None   # the greedy slot's too, once
         await self.agent.run(rollout, trajectory, params, group.prompt.record.extra_info)
         return trajectory.as_result()
 
