@@ -165,6 +165,8 @@ class TrainingLoop:
             core.log(initial, 0)
         recipe.begin()
         progress = Progress(self.total_steps, initial_step=self.step)
+        # The end of the run is inside too: a signal while it validates, saves and plots lets it finish (the
+        # checkpoint is being written anyway), rather than cutting it off with a traceback.
         with self.runtime.stop as stop:
             started = time.monotonic()  # a step's time includes waiting for its data (has_next)
             while not stop.requested and recipe.has_next():
@@ -178,11 +180,11 @@ class TrainingLoop:
                 progress.update(self.step, metrics)
                 recipe.maybe_checkpoint()
                 started = time.monotonic()
-        progress.close()
-        recipe.finish_training()
-        if stop.requested:
-            return self.stop_early(recipe, stop.signal_name)
-        return self.finish(initial, recipe.save_final_checkpoint)
+            progress.close()
+            recipe.finish_training()
+            if stop.requested:
+                return self.stop_early(recipe, stop.signal_name)
+            return self.finish(initial, recipe.save_final_checkpoint)
 
     def stop_early(self, recipe: StepRecipe, signal_name: str) -> dict[str, Any]:
         recipe.save_final_checkpoint()

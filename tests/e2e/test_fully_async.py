@@ -83,7 +83,10 @@ def test_partial_rollout_resumes_samples_across_versions_at_full_length(make_con
     config = make_config(*FULLY_ASYNC, "trainer.total_steps=6", "data.train_batch_size=8",
                          "actor.ppo_mini_batch_size=8", "async_training.trigger_parameter_sync_step=1",
                          "async_training.staleness_threshold=1.0", "async_training.partial_rollout=true",
-                         "rollout.ignore_eos=true", "data.max_response_length=40", "data.max_prompt_length=24")
+                         "rollout.ignore_eos=true", "data.max_response_length=40", "data.max_prompt_length=24",
+                         # Four sequences at a time: generating a batch takes longer than training on one, so
+                         # every sync finds responses in flight, however fast the machine.
+                         "rollout.max_num_seqs=4")
     train(config)
     samples = [sample for samples in dumped(config.trainer.output_dir).values() for sample in samples]
     spanning = [sample for sample in samples if len(sample["versions"]) > 1]

@@ -18,9 +18,13 @@ import pyarrow.parquet as parquet
 import pytest
 
 from asyncrl.config import dump_config
+from asyncrl.launch import train
+from asyncrl.recipes import training_loop
 from asyncrl.telemetry import read_metrics
 
-NUM_STEPS = 12          # an epoch of 96 prompts, 8 per step: more than the 5 interrupted segments can train
+# An epoch of 320 prompts, 8 per step: a segment trains a step or three before its interrupt lands (the
+# poll sees a new step, then the signal ends the step in progress), so the five segments stay well inside it.
+NUM_STEPS = 40
 NUM_INTERRUPTS = 5
 
 
@@ -102,3 +106,22 @@ def test_ctrl_c_to_the_process_group_saves_and_exits_0_five_times_then_the_epoch
                       if json.loads(line)["sample_index"] == 0)
     assert set(trained) == {f"epoch.parquet:{row}" for row in range(8 * NUM_STEPS)}   # none lost
     assert set(trained.values()) == {1}, trained.most_common(3)                       # none repeated
+
+
+def test_ctrl_c_while_the_run_finishes_lets_it_finish(make_raw_config, ray_session, monkeypatch):
+    """A SIGINT while the last step's end runs (final checkpoint, export, plots) is the stop the run is already
+    making: it completes, with its summary and plots, and raises nothing."""
+    plot_run = training_loop.plot_run
+
+    def interrupted_while_plotting(output_dir):
+        os.kill(os.getpid(), signal.SIGINT)   # as Ctrl-C in the terminal, to the driver's main thread
+        return plot_run(output_dir)
+
+    monkeypatch.setattr(training_loop, "plot_run", interrupted_while_plotting)
+    config = make_raw_config("trainer.total_steps=2", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8",
+                             "trainer.val_before_train=false", "data.val_files=[]")
+    summary = train(config)
+    assert summary["steps"] == 2 and "stopped_by" not in summary
+    output = Path(config.trainer.output_dir)
+    assert json.loads((output / "summary.json").read_text())["steps"] == 2
+    assert (output / "policy" / "config.json").is_file() and list((output / "plots").glob("*.png"))
