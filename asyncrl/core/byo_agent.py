@@ -33,9 +33,10 @@ from asyncrl.core.training_reward import extra_means, shape_rewards, shaping_met
 from asyncrl.data.records import PromptRecord, TokenizedPrompt
 from asyncrl.engine import GenerationRequest, GenerationResult
 from asyncrl.models import read_config
-from asyncrl.rollout.agent.generation import DispatchedTurns, ThreadedBatch, TurnBatcher
+from asyncrl.rollout.agent.generation import DispatchedTurns, TurnBatcher
 from asyncrl.rollout.agent.recorded import AgentOutcome
 from asyncrl.rollout.backend import PendingGeneration, RolloutBackend, WorkerOutput
+from asyncrl.rollout.threaded_batch import ThreadedBatch
 
 if TYPE_CHECKING:
     from asyncrl.serving.agent_runner import AgentRunner

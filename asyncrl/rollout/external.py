@@ -35,13 +35,14 @@ import torch
 
 from asyncrl.config import ConfigError
 from asyncrl.engine import GenerationRequest, GenerationResult
-from asyncrl.remote import RemoteTimeoutError, RemoteUnavailableError
+from asyncrl.remote import RemoteUnavailableError
 from asyncrl.rollout.backend import (PendingGeneration, RolloutBackend, RolloutError, RolloutHealth, WorkerOutput,
                                      spread)
 from asyncrl.rollout.external_client import ServerClient, ServerFailure
 from asyncrl.rollout.external_weights import folder_checksum, write_policy
 from asyncrl.rollout.gate import BusyClock, GatedControls, RequestGate
 from asyncrl.rollout.registry import ROLLOUT_BACKENDS, RolloutContext
+from asyncrl.rollout.threaded_batch import ThreadedBatch
 
 logger = logging.getLogger(__name__)
 
@@ -177,8 +178,6 @@ class ExternalRollout(GatedControls, RolloutBackend):
         if not healthy:
             self.pick()   # raises, naming every server
         parts = spread(requests, len(healthy))
-        outcome: dict[str, object] = {}
-
         async def run() -> list[WorkerOutput]:
             clients = {index: self.servers[index].async_client() for index in range(len(self.servers))}
             started = time.monotonic()
@@ -193,24 +192,14 @@ class ExternalRollout(GatedControls, RolloutBackend):
                 by_server.setdefault(index, []).append(result)
             return [WorkerOutput(self.names[index], results, seconds) for index, results in sorted(by_server.items())]
 
-        def target() -> None:
-            try:
-                outcome["outputs"] = asyncio.run(run())
-            except BaseException as error:   # re-raised in the collecting thread
-                outcome["error"] = error
-
-        thread = threading.Thread(target=target, name="external-rollout-batch", daemon=True)
-        thread.start()
+        batch = ThreadedBatch("external-rollout-batch", run)
         timeout_s = self.settings.timeout_s * (self.settings.max_retries + 1) + HEALTH_PROBE_S
 
         def collect() -> list[WorkerOutput]:
-            thread.join(timeout_s)
-            if thread.is_alive():
-                raise RemoteTimeoutError(f"rollout/external ({', '.join(self.names)}): generate of {len(requests)} "
-                                         f"requests did not finish within {timeout_s:.0f}s")
-            if "error" in outcome:
-                raise outcome["error"]   # type: ignore[misc]
-            return outcome["outputs"]   # type: ignore[return-value]
+            outputs, _ = batch.join(timeout_s, f"rollout/external ({', '.join(self.names)}): generate of "
+                                               f"{len(requests)} requests",
+                                    "rollout.external.timeout_s x (max_retries + 1)")
+            return outputs
 
         return PendingGeneration(list(requests), collect)
 

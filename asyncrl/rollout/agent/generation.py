@@ -13,15 +13,14 @@ then still decodes many trajectories together, while a trajectory whose tools ru
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Optional
 
 from asyncrl.engine import GenerationRequest, GenerationResult
 from asyncrl.rollout.agent.loop import AgentLoop, Generator
 from asyncrl.rollout.agent.trajectory import Trajectory
 from asyncrl.rollout.backend import PendingGeneration, RolloutBackend, RolloutError, WorkerOutput
+from asyncrl.rollout.threaded_batch import ThreadedBatch
 
 BATCH_WINDOW_S = 0.02   # how long a turn waits for others before its batch goes out
 
@@ -114,34 +113,6 @@ async def run_trajectories(rollout: Generator, agent: AgentLoop, requests: list[
         return trajectory
 
     return list(await asyncio.gather(*(one(request, info) for request, info in zip(requests, extra_infos))))
-
-
-class ThreadedBatch:
-    """A coroutine run to its end in a thread with an event loop of its own, started at once (the driver's
-    stages go on meanwhile); `join` waits at most `timeout_s`, re-raises what the coroutine raised, and names the
-    work when it runs past."""
-
-    def __init__(self, name: str, make: Callable[[], Awaitable[Any]]):
-        self.started_s, self.started = time.time(), time.monotonic()
-        self.outcome: dict[str, Any] = {}
-        self.thread = threading.Thread(target=self.work, args=(make,), name=name, daemon=True)
-        self.thread.start()
-
-    def work(self, make: Callable[[], Awaitable[Any]]) -> None:
-        try:
-            self.outcome["value"] = asyncio.run(make())
-        except BaseException as error:   # re-raised in the joining thread
-            self.outcome["error"] = error
-        self.outcome["seconds"] = time.monotonic() - self.started
-
-    def join(self, timeout_s: float, what: str, why: str) -> tuple[Any, float]:
-        """(the coroutine's value, its seconds); TimeoutError "`what` did not finish within ... (`why`)"."""
-        self.thread.join(timeout_s)
-        if self.thread.is_alive():
-            raise TimeoutError(f"{what} did not finish within {timeout_s:g} s ({why})")
-        if "error" in self.outcome:
-            raise self.outcome["error"]
-        return self.outcome["value"], self.outcome["seconds"]
 
 
 def start_agent_generation(rollout: RolloutBackend, agent: AgentLoop, requests: list[GenerationRequest],
