@@ -113,7 +113,8 @@ def command_demo(options: argparse.Namespace) -> int:
 
 def command_sft(options: argparse.Namespace) -> int:
     from asyncrl.train.sft import SFTSettings, run_sft
-    settings = SFTSettings(epochs=options.epochs, batch_size=options.batch_size, lr=options.lr, seed=options.seed)
+    settings = SFTSettings(epochs=options.epochs, batch_size=options.batch_size, lr=options.lr, seed=options.seed,
+                           device=options.device)
     folder = run_sft(options.model, options.data, options.out, settings)
     print(f"wrote the warm-started policy to {folder}")
     return 0
@@ -174,6 +175,7 @@ def add_training_commands(commands: argparse._SubParsersAction) -> None:
     sft.add_argument("--batch-size", type=int, default=64)
     sft.add_argument("--lr", type=float, default=3e-3)
     sft.add_argument("--seed", type=int, default=0)
+    sft.add_argument("--device", default="cpu", help="cpu, or cuda: fp32 masters with bf16 compute")
     sft.set_defaults(run=command_sft)
 
 

@@ -4,7 +4,9 @@
 
 The reference answer of a row is `extra_info.answer` when present, else `reward_model.ground_truth`
 (when it is a string). The loss is the mean negative log-likelihood of the answer tokens plus EOS, after
-the chat-templated prompt. One process; the result is an HF folder that RL starts from.
+the chat-templated prompt. One process; the result is an HF folder that RL starts from. On a GPU
+(`--device cuda`) the masters stay fp32 and the forward and backward compute in bf16 (autocast), as the RL
+trainer does; on the CPU everything is fp32.
 
 A row whose `extra_info.trace` holds a multi-turn trace (a JSON list of assistant and tool messages, as the
 tool task writes) is learned as the agent loop will generate it: each assistant turn (its content, its
@@ -14,6 +16,7 @@ context with loss mask 0.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -42,6 +45,9 @@ class SFTSettings:
     warmup_steps: int = 10
     seed: int = 0
     device: str = "cpu"
+    # Batches of examples of similar length (HF's group_by_length): a batch pads to its longest example, so with
+    # long-tailed answers random batches spend most of their tokens on padding.
+    group_by_length: bool = False
 
 
 def reference_answer(record: PromptRecord) -> str:
@@ -91,12 +97,36 @@ def tokenize_trace(record: PromptRecord, tokenizer) -> tuple[list[int], list[int
     return ids, mask
 
 
+def epoch_order(lengths: list[int], batch_size: int, group_by_length: bool,
+                generator: torch.Generator) -> torch.Tensor:
+    """An epoch's order of the examples; consecutive `batch_size` slices are its batches. Grouped by length: a
+    random order is cut into pools of 64 batches, each pool sorted by length, and the batches shuffled, so a batch
+    holds examples of similar length while the epoch stays random."""
+    order = torch.randperm(len(lengths), generator=generator)
+    if not group_by_length:
+        return order
+    pool = 64 * batch_size
+    lengths_tensor = torch.tensor(lengths)
+    pieces = []
+    for start in range(0, len(order), pool):
+        chunk = order[start:start + pool]
+        pieces.append(chunk[torch.argsort(lengths_tensor[chunk], descending=True, stable=True)])
+    grouped = torch.cat(pieces)
+    batches = list(grouped.split(batch_size))
+    # A short last batch stays last, so the epoch's consecutive slices are these batches.
+    full = len(batches) - (len(batches[-1]) < batch_size)
+    shuffled = torch.randperm(full, generator=generator).tolist() + list(range(full, len(batches)))
+    return torch.cat([batches[index] for index in shuffled])
+
+
 def run_sft(model_path: str | Path, data_files: list[str], output_dir: str | Path, settings: SFTSettings) -> Path:
     """Train and save; returns the output folder."""
     torch.manual_seed(settings.seed)
     device = torch.device(settings.device)
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path, dtype=torch.float32, device=device)
+    # bf16 compute on a GPU, as the RL trainer's mixed precision: fp32 products would cost several times more.
+    compute = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     examples = tokenize_examples(read_prompt_files(data_files, DataConfig().prompt_key), tokenizer,
                                  model.config.eos_token_ids[0])
     steps_per_epoch = math.ceil(len(examples) / settings.batch_size)
@@ -106,11 +136,12 @@ def run_sft(model_path: str | Path, data_files: list[str], output_dir: str | Pat
                                                  * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total_steps))))
     generator = torch.Generator().manual_seed(settings.seed)
     model.train()
-    order = torch.randperm(len(examples), generator=generator)
+    lengths = [len(prompt) + len(answer) for prompt, answer, _ in examples]
+    order = epoch_order(lengths, settings.batch_size, settings.group_by_length, generator)
     for step in range(total_steps):
         position = (step % steps_per_epoch) * settings.batch_size
         if position == 0 and step:
-            order = torch.randperm(len(examples), generator=generator)
+            order = epoch_order(lengths, settings.batch_size, settings.group_by_length, generator)
         chosen = [examples[index] for index in order[position:position + settings.batch_size].tolist()]
         batch = TrainBatch.from_sequences([prompt for prompt, _, _ in chosen], [answer for _, answer, _ in chosen],
                                           list(range(len(chosen))))
@@ -118,7 +149,8 @@ def run_sft(model_path: str | Path, data_files: list[str], output_dir: str | Pat
         for row, (_, _, answer_mask) in enumerate(chosen):
             mask[row, :len(answer_mask)] = torch.tensor(answer_mask, dtype=mask.dtype)
         batch = batch.replace(response_mask=mask).to(device)
-        log_probs, _ = response_log_probs(model, batch, temperature=1.0, with_entropy=False)
+        with compute:
+            log_probs, _ = response_log_probs(model, batch, temperature=1.0, with_entropy=False)
         loss = -(log_probs * batch.response_mask).sum() / batch.response_mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
