@@ -168,7 +168,8 @@ def asyncrl_overrides(workload: Workload, folder: Path, run_folder: Path) -> lis
                    f"trainer.test_freq={workload.eval_every}", "trainer.val_before_train=true"]
                   if workload.eval_every else ["trainer.val_before_train=false"])
     return [f"model.path={folder / 'model'}", f"data.train_files=[{folder / 'data' / 'rl.parquet'}]",
-            f"data.train_batch_size={workload.prompts_per_step}", f"data.max_response_length={workload.response_length}",
+            f"data.train_batch_size={workload.prompts_per_step}", "data.max_prompt_length=32",
+            f"data.max_response_length={workload.response_length}",
             f"rollout.n={workload.n}", f"rollout.ignore_eos={str(workload.ignore_eos).lower()}",
             f"rollout.temperature={workload.temperature}",
             f"actor.ppo_mini_batch_size={workload.prompts_per_step}", f"actor.optim.lr={workload.lr}",

@@ -101,7 +101,7 @@ def mode_config(mode: str, folder: Path, train_file: Path, val_file: Path, outpu
         f"rollout.n_gpus_per_node={options.rollout_devices}", f"rollout.n={options.n}",
         f"data.train_batch_size={prompts_per_step}", f"actor.ppo_mini_batch_size={prompts_per_step // 2}",
         "async_training.require_batches=2", f"data.max_response_length={options.max_response_length}",
-        "data.max_prompt_length=32", "rollout.ignore_eos=true", f"rollout.length_distribution={options.lengths}",
+        "data.max_prompt_length=32", "rollout.ignore_eos=true", f'rollout.length_distribution="{options.lengths}"',
         f"trainer.total_steps={options.samples // (options.n * prompts_per_step)}", "actor.optim.lr=1e-5",
         f"actor.ppo_micro_batch_size_per_gpu={options.micro_batch}", "ray.rpc_timeout_s=900",
         *workload, *options.overrides, *MODES[mode]])

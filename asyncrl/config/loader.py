@@ -177,7 +177,10 @@ def coerce_scalar(annotation: type, value: Any, key: str) -> Any:
             return value
     else:
         raise TypeError(f"unsupported config annotation {annotation} at {key}")
-    raise ConfigError(f"{key}: expected {annotation.__name__}, got {value!r} ({type(value).__name__})")
+    hint = ""
+    if annotation is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        hint = f"; YAML reads a bare number as a number: quote it, {key}='\"{value}\"'"
+    raise ConfigError(f"{key}: expected {annotation.__name__}, got {value!r} ({type(value).__name__}){hint}")
 
 
 def check_bounds(field: dataclasses.Field, value: Any, key: str) -> None:

@@ -27,3 +27,11 @@ def test_a_workload_without_a_measured_rate_says_when_it_will_know():
 
 def test_short_estimates_read_in_seconds():
     assert modes.format_minutes(45.0) == "45 s" and modes.format_minutes(600.0) == "10 min"
+
+
+def test_a_single_length_budget_reaches_the_config_as_text(tmp_path):
+    # `--lengths 512` is one budget for every request; unquoted, YAML would hand the config the number 512.
+    config = modes.mode_config("sync", tmp_path / "model", tmp_path / "train.parquet", tmp_path / "val.parquet",
+                               tmp_path / "run", options(lengths="512", rollout_devices=1, max_response_length=512,
+                                                         micro_batch=16, overrides=[]))
+    assert config.rollout.length_distribution == "512"

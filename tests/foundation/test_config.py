@@ -50,6 +50,8 @@ def test_unknown_section_names_closest_section(tmp_path):
     ("async_training.staleness_threshold=-0.1", r"async_training\.staleness_threshold: -0\.1 is out of range"),
     ("actor.clip_ratio_c=1.0", r"actor\.clip_ratio_c: 1\.0 is out of range, must be > 1"),
     ("data.train_files=[1]", r"data\.train_files\[0\]: expected str"),
+    ("rollout.length_distribution=512", r"expected str, got 512 \(int\); YAML reads a bare number as a number: "
+                                        r"quote it, rollout\.length_distribution='\"512\"'"),
     ("actor=3", r"actor must be a mapping"),
 ])
 def test_wrong_type_or_range_names_key_and_value(override, message):
