@@ -86,6 +86,25 @@ class ExternalRolloutConfig:
 
 
 @dataclass
+class VllmConfig:
+    tensor_parallel_size: int = option(1, "GPUs one vLLM engine spreads a model over (its tensor_parallel_size)",
+                                       gt=0)
+    max_model_len: int = option(0, "context length of the engine; 0 = data.max_prompt_length + "
+                                   "data.max_response_length", ge=0)
+    enable_prefix_caching: bool = option(True, "vLLM's prefix cache: a group's samples and an agent's turns reuse "
+                                               "the KV of their shared prefix")
+    quantization: str = option("", "vLLM's quantization method for rollout (e.g. fp8); empty = the model's dtype. "
+                                   "Log-probs then differ from the trainer's by more than rounding")
+    kv_cache_dtype: str = option("auto", "vLLM's KV-cache dtype (auto = the model's; fp8 on GPUs that have it)")
+    engine_args: list[str] = option([], "any other argument of vLLM's AsyncEngineArgs as 'name=value' (the value "
+                                        "read as YAML), e.g. [block_size=32, max_num_batched_tokens=4096]; an "
+                                        "unknown name fails before Ray with the closest valid one")
+    verify_weights: bool = option(False, "after every weight sync compare a checksum of every tensor each replica "
+                                         "loaded with the trainer's (gathers the whole policy on the driver: small "
+                                         "models and debugging)")
+
+
+@dataclass
 class RolloutConfig:
     n: int = option(4, "responses sampled per prompt (the group size of GRPO-family estimators)", gt=0)
     temperature: float = option(1.0, "sampling temperature; the trainer's log-probs use the same", gt=0.0)
@@ -119,8 +138,9 @@ class RolloutConfig:
     backend: str = option(
         "auto", "rollout backend, a name registered in asyncrl.rollout.ROLLOUT_BACKENDS (verl: rollout.name): "
                 "colocated = an engine inside each trainer rank, ray_replicas = Ray replica actors on devices of "
-                "their own, external = OpenAI-compatible HTTP servers (rollout.external); auto = colocated in "
-                "trainer.mode=sync, ray_replicas otherwise")
+                "their own, vllm = Ray replica actors hosting vLLM engines (rollout.vllm), external = "
+                "OpenAI-compatible HTTP servers (rollout.external); auto = colocated in trainer.mode=sync, "
+                "ray_replicas otherwise")
     n_gpus_per_node: int = option(1, "rollout devices per node in separated modes (CPU slots on CPU)", gt=0)
     max_replica_restarts: int = option(3, "times Ray restarts a rollout replica that died (fully_async then "
                                           "re-syncs its weights and re-queues its requests)", ge=0)
@@ -131,3 +151,4 @@ class RolloutConfig:
                                                    "recording endpoint")
     external: ExternalRolloutConfig = section(ExternalRolloutConfig, "OpenAI-compatible servers as rollout workers "
                                                                      "(rollout.backend=external)")
+    vllm: VllmConfig = section(VllmConfig, "vLLM engines as rollout replicas (rollout.backend=vllm, docs/vllm.md)")

@@ -38,7 +38,6 @@ from asyncrl.remote import RemoteCallError, wait_for, wait_for_all, worker_name
 from asyncrl.rewards import RewardExecutor, RewardModelPool, Scorer, check_reward_model
 from asyncrl.rewards.executor import available_cpus
 from asyncrl.rollout import RolloutBackend, RolloutBackendSpec, RolloutContext, resolve_backend
-from asyncrl.rollout.replica import RolloutReplicaActor
 from asyncrl.telemetry import Timeline, Tracker
 from asyncrl.train.worker import GPU_HOST_THREADS
 
@@ -142,13 +141,13 @@ def start_trainers(config: AsyncRLConfig, pools: Pools, total_steps: int, host_e
             attempt += 1
 
 
-def launch_replicas(config: AsyncRLConfig, pools: Pools) -> list[Any]:
-    """Rollout replica actors on their own devices, started without waiting for them (they load their
-    engines while the trainers start)."""
+def launch_replicas(config: AsyncRLConfig, pools: Pools, replica_actor: Any) -> list[Any]:
+    """Rollout replica actors (the backend's `replica` class) on their own devices, started without waiting for
+    them (they load their engines while the trainers start)."""
     spec = pools.spec("rollout")
     threads = threads_per_worker(spec, sum(pool.num_workers for pool in pools.specs))
     # Ray restarts a replica that dies (in its bundle); the rollout re-syncs it before using it again.
-    return [RolloutReplicaActor.options(num_cpus=spec.num_cpus_per_worker, num_gpus=spec.num_gpus_per_worker,
+    return [replica_actor.options(num_cpus=spec.num_cpus_per_worker, num_gpus=spec.num_gpus_per_worker,
                                         max_restarts=config.rollout.max_replica_restarts, max_task_retries=0,
                                         scheduling_strategy=pools.strategy("rollout", index)).remote(
                 config, index, threads) for index in range(spec.num_workers)]
@@ -206,7 +205,7 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
         if config.reward.model.enable:
             reward_models = RewardModelPool.launch(config.reward.model)
             reward_actors = reward_models.actors
-        replicas = launch_replicas(config, pools) if backend.placement == "separate" else []
+        replicas = launch_replicas(config, pools, backend.replica) if backend.placement == "separate" else []
         actors = mode_actors.launch(config, tokenizer, train_data, reward_models) if mode_actors is not None else {}
         trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)),
                                   host_engine=backend.placement == "colocated")

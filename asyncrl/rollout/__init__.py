@@ -8,6 +8,7 @@
     colocated.py         "colocated": an engine inside each trainer rank (sync mode)
     replica.py           the Ray replica actor: one AsyncEngine on a device of its own
     replica_set.py       "ray_replicas": the replicas' one owner (health, failover, restarts, weight sync)
+    vllm/                "vllm": the same replica set over Ray actors that host vLLM engines
     weight_group.py      the weight-sync group of trainer rank 0 and the replicas
     weight_transport.py  bucketed broadcast of the weights over that group
     hosted.py            a backend owned by another actor (the fully-async rollouter) and the driver's handle
@@ -24,6 +25,7 @@ from asyncrl.rollout.hosted import HostedRollout, RolloutHost
 from asyncrl.rollout.registry import (ROLLOUT_BACKENDS, RolloutBackendSpec, RolloutContext, TrainerRanks,
                                       resolve_backend)
 from asyncrl.rollout.replica_set import ReplicaSet
+from asyncrl.rollout.vllm import VllmReplicaSet
 from asyncrl.rollout.external import ExternalRollout  # registered after the in-process backends: the order listed
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "RolloutHealth",
     "RolloutHost",
     "TrainerRanks",
+    "VllmReplicaSet",
     "WorkerOutput",
     "resolve_backend",
 ]

@@ -18,7 +18,7 @@ in the driver's process) and nothing is reserved for it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Callable, Literal, Optional, Protocol
 
 import numpy as np
 import torch
@@ -41,6 +41,10 @@ DEFAULT_BACKENDS = {"sync": "colocated", "one_step_off": "ray_replicas", "fully_
 @dataclass(frozen=True)
 class RolloutBackendSpec(Entry):
     placement: Placement = column("placement", "separate")
+    # A `separate` backend's Ray actor class, one launched per rollout device (`replica.py`'s interface).
+    replica: Any = column("replica actor", None)
+    # What the backend needs of the config and the machine, checked before Ray starts (raises ConfigError).
+    check: Optional[Callable[[AsyncRLConfig], None]] = column("pre-flight check", None)
 
 
 ROLLOUT_BACKENDS: Registry[RolloutBackendSpec] = Registry("rollout backend", RolloutBackendSpec)
@@ -81,8 +85,13 @@ def resolve_backend(config: AsyncRLConfig) -> RolloutBackendSpec:
     if name not in ROLLOUT_BACKENDS:
         raise ConfigError(f"rollout.backend: {ROLLOUT_BACKENDS.unknown_name_message(name)}")
     spec = ROLLOUT_BACKENDS.spec(name)
+    if spec.placement == "separate" and spec.replica is None:
+        raise ConfigError(f"rollout.backend={name} runs replicas on devices of their own but registered no replica "
+                          f"actor class (ROLLOUT_BACKENDS.register(..., replica=...))")
     if spec.placement not in MODE_PLACEMENTS[mode]:
         raise ConfigError(f"rollout.backend={name} runs its engines {spec.placement} (in the trainer ranks), which "
                           f"trainer.mode={mode} cannot overlap with training; use a backend on its own devices "
                           f"({', '.join(s.name for s in ROLLOUT_BACKENDS.specs() if s.placement != 'colocated')})")
+    if spec.check is not None:
+        spec.check(config)
     return spec

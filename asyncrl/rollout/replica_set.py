@@ -28,12 +28,13 @@ from asyncrl.remote import RemoteCallError, RemoteUnavailableError, wait_for_all
 from asyncrl.rollout.backend import PendingGeneration, RolloutBackend, RolloutHealth, WorkerOutput, spread
 from asyncrl.rollout.gate import BusyClock, GatedControls, RequestGate
 from asyncrl.rollout.registry import ROLLOUT_BACKENDS, RolloutContext
+from asyncrl.rollout.replica import RolloutReplicaActor
 from asyncrl.rollout.weight_group import WeightGroup, transfer_plan
 
 logger = logging.getLogger(__name__)
 
 
-@ROLLOUT_BACKENDS.register("ray_replicas", placement="separate",
+@ROLLOUT_BACKENDS.register("ray_replicas", placement="separate", replica=RolloutReplicaActor,
                            summary="one Ray actor per rollout device, weights broadcast from trainer rank 0; a "
                                    "replica that dies is restarted and re-synced, its requests start again")
 class ReplicaSet(GatedControls, RolloutBackend):

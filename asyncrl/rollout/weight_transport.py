@@ -243,6 +243,25 @@ class WeightReceiver:
             torch._foreach_copy_(copies.destinations[index], copies.sources[index])
         return len(self.plan.names)
 
+    def receive_named(self) -> Iterator[tuple[str, Tensor]]:
+        """Every tensor as (name, a new tensor), in plan order, each yielded once its last byte arrived: for an
+        engine that loads weights through its own loader (vLLM) instead of a copy into its parameters. The
+        caller may keep what it is given; it must consume each tensor before asking for the next."""
+        itemsize = torch.empty((), dtype=self.plan.dtype).element_size()
+        shapes = dict(zip(self.plan.names, self.plan.shapes))
+        sizes = {name: itemsize * int(torch.Size(shape).numel()) for name, shape in shapes.items()}
+        device = self.buffers[0].device
+        staged: dict[str, Tensor] = {}
+        buckets = self.plan.pieces_by_bucket()
+        for index in self.arrived_buckets():
+            for piece in buckets[index]:
+                if piece.name not in staged:
+                    staged[piece.name] = torch.empty(shapes[piece.name], dtype=self.plan.dtype, device=device)
+                flat = staged[piece.name].view(-1).view(torch.uint8)
+                flat[piece.start:piece.stop].copy_(bucket_view(self.buffers[index % 2], piece, torch.uint8))
+                if piece.stop == sizes[piece.name]:
+                    yield piece.name, staged.pop(piece.name)
+
     def arrived_buckets(self) -> Iterator[int]:
         """Bucket indices, each once its bytes are in its buffer; bucket k+1 is already on the wire while the
         caller unpacks bucket k, which it must finish before asking for the next."""

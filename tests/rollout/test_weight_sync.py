@@ -26,7 +26,7 @@ from asyncrl.launch.runtime import launch_replicas, num_rollout_replicas, pool_s
 from asyncrl.models import CausalLM, build_tiny_model, load_model, load_tokenizer, read_config
 from asyncrl.remote import RemoteTimeoutError
 from asyncrl.rollout import ReplicaSet, RolloutContext, resolve_backend
-from asyncrl.rollout.replica import RolloutReplica
+from asyncrl.rollout.replica import RolloutReplica, RolloutReplicaActor
 from asyncrl.train import PolicyUpdateSpec
 
 
@@ -43,7 +43,7 @@ def start_setup(tmp_path_factory, trainer_ranks: int, tie_word_embeddings: bool 
         "weight_sync.timeout_s=20", "ray.rpc_timeout_s=120"])
     pools = allocate_pools(pool_specs(config, resolve_backend(config)))
     trainers = start_trainers(config, pools, total_steps=10, host_engine=False)
-    rollout = ReplicaSet(rollout_context(config, pools, launch_replicas(config, pools), trainers))
+    rollout = ReplicaSet(rollout_context(config, pools, launch_replicas(config, pools, RolloutReplicaActor), trainers))
     tokenizer = load_tokenizer(model)
     prompts = PromptDataset.from_files(config.data.train_files, tokenizer, config.data).prompts[:4]
     return config, trainers, rollout, prompts, pools

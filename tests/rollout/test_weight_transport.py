@@ -145,3 +145,24 @@ def test_receiving_into_an_engine_without_a_tensor_names_it():
     with pytest.raises(ValueError, match="no tensor bias"):
         receiver.receive_into({name: torch.zeros(shape, dtype=torch.bfloat16) for name, shape in SHAPES
                                if name != "bias"})
+
+
+def test_received_by_name_each_tensor_arrives_whole_in_plan_order_once_its_last_bucket_is_in():
+    """A loader that takes (name, tensor) pairs (vLLM's) gets every tensor once, bitwise, in plan order, even
+    the one split over two buckets; a tensor it keeps is not overwritten by later buckets."""
+    shapes = SHAPES
+    plan = TransferPlan.build(shapes, torch.bfloat16, bucket_bytes=512)
+    generator = torch.Generator().manual_seed(1)
+    source = {name: torch.randn(shape, generator=generator) for name, shape in shapes}
+    received: list[tuple[str, torch.Tensor]] = []
+
+    def send(sender: WeightSender, sync: int) -> None:
+        sender.send(iter(source.items()), persistent=False)
+
+    def receive(receiver: WeightReceiver, sync: int) -> None:
+        received.extend(receiver.receive_named())
+
+    two_rank_syncs(plan, 1, send, receive)
+    assert [name for name, _ in received] == [name for name, _ in SHAPES]
+    for name, tensor in received:
+        assert tensor.shape == source[name].shape and torch.equal(tensor, source[name].to(torch.bfloat16))
