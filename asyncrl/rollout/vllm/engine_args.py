@@ -69,6 +69,9 @@ def check_vllm(config: AsyncRLConfig) -> None:
                           f"vLLM reports each token's log-prob after top-p/top-k filtering, while the trainer's are "
                           f"over the whole vocabulary at the same temperature; use rollout.top_p=1.0 and "
                           f"rollout.top_k=-1 (or rollout.backend=ray_replicas)")
+    if rollout.vllm.tensor_parallel_size > 1:
+        raise ConfigError(f"rollout.vllm.tensor_parallel_size={rollout.vllm.tensor_parallel_size}: the weight sync "
+                          f"reaches one vLLM worker per engine so far; use 1 (docs/vllm.md)")
     if config.model.lora_rank:
         raise ConfigError("rollout.backend=vllm does not load LoRA adapters in place: set model.lora_rank=0 or use "
                           "rollout.backend=ray_replicas (docs/vllm.md)")

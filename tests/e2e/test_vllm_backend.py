@@ -1,0 +1,88 @@
+"""rollout.backend=vllm end to end, on vLLM's CPU build: the demo task learns in sync, one_step_off and fully_async
+(partial rollout), each run through real Ray actors with a vLLM engine in its rollout replica.
+
+The policy is the demo's (same task, same SFT warm start on a stuttering teacher's sums) with heads of 32
+dimensions instead of 16, which vLLM's CPU attention needs. What must hold: validation accuracy rises by 0.3 in
+every mode; one_step_off's tokens are one version stale; in fully_async with partial rollout some trained samples
+carry two policy versions. Needs vLLM (`scripts/vllm_cpu_venv.sh`); three runs of 32-48 steps (~1.5 min each on 2 cores,
+an engine start included).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncrl.data.make import make_task, write_task
+from asyncrl.launch import train
+from asyncrl.launch.demo import MODEL_SHAPE, TASK_KNOBS
+from asyncrl.models import build_tiny_model
+from asyncrl.rollout.vllm.engine_args import vllm_installed
+from asyncrl.telemetry import read_metrics
+from asyncrl.train.sft import SFTSettings, run_sft
+from tests.e2e.demo_configs import warm_config
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow,
+              pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed here "
+                                 "(bash scripts/vllm_cpu_venv.sh; docs/vllm.md)")]
+VLLM = ("rollout.backend=vllm", "rollout.n_gpus_per_node=1", "rollout.cpu_kv_cache_mb=64", "trainer.dump_rollouts=true",
+        "trainer.test_freq=-1")
+GAIN = 0.3
+
+
+@pytest.fixture(scope="module")
+def vllm_policy(tmp_path_factory) -> dict[str, Path]:
+    """The demo's task and warm start, on the demo's model twice as wide: 4 heads of 32 dimensions."""
+    root = tmp_path_factory.mktemp("vllm_policy")
+    paths = write_task(make_task("arithmetic", TASK_KNOBS), root / "data", 4000, 64, seed=0)
+    shape = {**MODEL_SHAPE, "hidden_size": 128, "num_heads": 4, "num_kv_heads": 2}
+    raw = build_tiny_model(root / "raw", family="qwen2", seed=0, **shape)
+    model = run_sft(raw, [str(paths["train"])], root / "model", SFTSettings(epochs=12.0, seed=0))
+    return {"model": model, "train": paths["train"], "val": paths["val"]}
+
+
+def dumped(output_dir: str) -> dict[int, list[dict]]:
+    folder = Path(output_dir) / "rollouts"
+    return {int(path.stem.split("_")[1]): [json.loads(line) for line in path.read_text().splitlines()]
+            for path in folder.glob("step_*.jsonl")}
+
+
+def run(vllm_policy, tmp_path, *overrides):
+    config = warm_config(vllm_policy, tmp_path / "run", *VLLM, *overrides)
+    summary = train(config)
+    before = summary["initial_validation"]["val/score/mean"]
+    after = summary["final_validation"]["val/score/mean"]
+    return config, summary, before, after
+
+
+def test_sync_learns_on_vllm(vllm_policy, ray_session, tmp_path):
+    config, summary, before, after = run(vllm_policy, tmp_path, "trainer.mode=sync", "trainer.total_steps=32")
+    assert after >= before + GAIN, (before, after)
+    assert all(sample["versions"] == [step - 1] for step, samples in dumped(config.trainer.output_dir).items()
+               for sample in samples)   # sync: every token sampled by the weights of the step before
+
+
+def test_one_step_off_learns_on_vllm_one_version_stale(vllm_policy, ray_session, tmp_path):
+    config, summary, before, after = run(vllm_policy, tmp_path, "trainer.mode=one_step_off", "trainer.total_steps=32")
+    assert after >= before + GAIN, (before, after)
+    steps = dumped(config.trainer.output_dir)
+    assert sorted(steps) == list(range(1, 33))
+    assert all(sample["versions"] == [step - 1] for step, samples in steps.items() for sample in samples)
+
+
+def test_fully_async_with_partial_rollout_learns_on_vllm_and_resumes_samples_across_versions(vllm_policy, ray_session,
+                                                                                           tmp_path):
+    config, summary, before, after = run(
+        vllm_policy, tmp_path, "trainer.mode=fully_async", "trainer.total_steps=48",
+        "async_training.trigger_parameter_sync_step=1",
+        "async_training.staleness_threshold=1.0", "async_training.partial_rollout=true",
+        # Eight sequences at a time: generating takes longer than training, so syncs find responses in flight.
+        "rollout.max_num_seqs=8")
+    assert after >= before + GAIN, (before, after)
+    samples = [sample for samples in dumped(config.trainer.output_dir).values() for sample in samples]
+    spanning = [sample for sample in samples if len(set(sample["versions"])) > 1]
+    assert spanning, "no trained sample was interrupted by a sync"
+    rows = [row for row in read_metrics(f"{config.trainer.output_dir}/metrics.jsonl") if "critic/score/mean" in row]
+    assert max(row["fully_async/partial/partial_ratio"] for row in rows) > 0
