@@ -85,6 +85,6 @@ def test_limits_must_be_positive(limit):
 def test_without_a_network_namespace_the_audit_hook_still_refuses_the_network(monkeypatch):
     monkeypatch.setattr(sandbox, "network_namespace_prefix", lambda: ())
     run = asyncio.run(run_python("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)",
-                                 SandboxLimits(**LIMITS)))
+                                 SandboxLimits(**LIMITS), isolated=False))
     assert not run.network_isolated and run.exit_code == 1
     assert "network access is not allowed" in run.stderr

