@@ -28,7 +28,7 @@ from asyncrl.config import AsyncRLConfig, ConfigError, check_environment, dump_c
 from asyncrl.core import PPOCore, Runtime, TrainerGroup
 from asyncrl.core.trainer_rank import TrainerActor
 from asyncrl.data.dataset import PromptDataset
-from asyncrl.launch.preflight import check_model_inputs, check_tools
+from asyncrl.launch.preflight import check_external_servers, check_model_inputs, check_tools
 from asyncrl.launch.ray_cluster import start_ray
 from asyncrl.launch.resource_pool import PoolSpec, Pools, ResourceError, allocate_pools
 from asyncrl.launch.resume_check import check_resume
@@ -52,6 +52,7 @@ def load_inputs(config: AsyncRLConfig) -> tuple[Any, PromptDataset, Optional[Pro
     check_environment(config, has_ray_cluster=ray.is_initialized())
     model_config, tokenizer = check_model_inputs(config)
     check_tools(config)
+    check_external_servers(config)
     budget = config.data.max_prompt_length + config.data.max_response_length
     if budget > model_config.max_position_embeddings:
         raise ConfigError(f"data.max_prompt_length + data.max_response_length = {budget} exceeds the model's "
