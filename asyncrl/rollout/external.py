@@ -9,15 +9,15 @@ server that returns token ids and log-probs), weights pushed as an HF folder tha
     pending = rollout.start_generate(requests)    # spread over the healthy servers, in a thread of its own
     rollout.sync_weights(version)                 # write the policy, POST reload to every server that answers
 
-A server that fails a request (connection refused or lost, a timeout, a 5xx, or an answer that breaks the
-request: more tokens than max_tokens, ids outside the vocabulary, log-probs that are not finite, not the JSON
-asked for; `external_answer.py`) leaves the rotation, and the request is sent again to a healthy one, at most
-`max_retries` times; when no server is left the call fails naming every server and why it left. A server not
-heard from for `health_interval_s` is probed before it gets requests. At each weight sync every server is
-asked to reload, those out of rotation too: one that answers is back (its weights are current again); one that
-does not stays out and is reported. Versions are tracked here: a server stamps each token with the `weight_version` it was given at its last reload (asyncrl serve says so
-per token; for a server that does not, tokens get the version pushed last, exact whenever requests do not
-cross a sync, as in sync and one_step_off mode).
+A server that fails a request (connection refused or lost, a timeout, a 5xx, or an answer that breaks the request:
+more tokens than max_tokens, ids outside the vocabulary, log-probs that are not finite, not the JSON asked for;
+`external_answer.py`) leaves the rotation, and the request is sent again to a healthy one, at most `max_retries`
+times; when no server is left the call fails naming every server and why it left. A server not heard from for
+`health_interval_s` is probed before it gets requests. At each weight sync every server is asked to reload, those
+out of rotation too: one that answers is back (its weights are current again); one that does not stays out and is
+reported. Versions are tracked here: a server stamps each token with the `weight_version` it was given at its last
+reload (asyncrl serve says so per token; for a server that does not, tokens get the version pushed last, exact
+whenever requests do not cross a sync, as in sync and one_step_off mode).
 """
 
 from __future__ import annotations
