@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from asyncrl.core.checkpoint import DRIVER_FILE, CheckpointManager
@@ -308,3 +308,16 @@ def test_a_manifest_rewritten_to_list_a_planted_pickle_makes_the_checkpoint_skip
     driver.write_text(json.dumps(state))
     assert manager.check(tmp_path / "step_2") == f"{planted} is neither JSON nor safetensors, the only formats a " \
                                                  "checkpoint holds"
+
+
+def test_a_nan_weight_in_a_trainer_checkpoint_is_named_at_load(tmp_path):
+    model, optimizer, scheduler = tiny_components(seed=0)
+    save_trainer_state(tmp_path, {"actor": (model, optimizer, scheduler)}, extra={})
+    shard = tmp_path / "rank_0.safetensors"
+    tensors = load_file(shard)
+    weight = next(name for name in sorted(tensors) if name.endswith("model/0.weight"))
+    tensors[weight][0, 0] = float("inf")
+    save_file(tensors, shard)
+    with pytest.raises(CheckpointFormatError, match=rf"trainer checkpoint file {shard}: actor tensor 0\.weight holds "
+                                                    r"1 non-finite value\(s\)"):
+        load_trainer_state(tmp_path, {"actor": tiny_components(seed=1)})
