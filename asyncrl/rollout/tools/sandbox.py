@@ -133,14 +133,18 @@ def kill_pid(pid: int | None) -> None:
 
 
 async def read_info(fd: int) -> int | None:
-    """The PID (on this machine) of the sandbox's first process, which bwrap writes as JSON to --info-fd."""
-    def read() -> bytes:
-        with os.fdopen(fd, "rb") as handle:
-            return handle.read()
+    """The PID (on this machine) of the sandbox's first process, which bwrap writes as JSON to --info-fd, read
+    without a thread (many calls may start at once)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                                os.fdopen(fd, "rb", buffering=0))
     try:
-        return int(json.loads(await asyncio.to_thread(read))["child-pid"])
+        return int(json.loads(await reader.read())["child-pid"])
     except (ValueError, KeyError, TypeError):
         return None
+    finally:
+        transport.close()
 
 
 @dataclass(frozen=True)
@@ -201,6 +205,8 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), isolate
         finally:
             overflow_wait.cancel()
             await stop(process, exit_wait, sandbox_pid)
+            if sandbox_pid is not None:
+                sandbox_pid.cancel()   # done by now unless bwrap died before writing it
         exit_code = await exit_wait
         if isolated and exit_code > SIGNAL_EXIT_BASE:   # bwrap reports its child's death by signal N as 128 + N
             exit_code = SIGNAL_EXIT_BASE - exit_code
