@@ -7,7 +7,7 @@
     asyncrl config show [CONFIG.yaml] [key=value ...]
     asyncrl data make [TASK] --out DIR [--train-size N --val-size M --seed S --set knob=value]
                                                   (no TASK: the demo's task, with its knobs)
-    asyncrl bench {engine,trainer,sync,modes} ... prints a table, writes JSON under outputs/bench/
+    asyncrl bench {engine,trainer,sync,modes,tools} ... prints a table, writes JSON under outputs/bench/
     asyncrl serve MODEL_DIR [--host H --port P --api-key K]   an OpenAI-compatible server (docs/serving.md)
 
 Errors in the user's input (config, data, reward function) print one line and exit with status 2.
@@ -126,7 +126,7 @@ def command_serve(options: argparse.Namespace) -> int:
 
 
 BENCHMARKS = {"engine": "asyncrl.bench.engine", "trainer": "asyncrl.bench.trainer", "sync": "asyncrl.bench.sync",
-              "modes": "asyncrl.bench.modes"}
+              "modes": "asyncrl.bench.modes", "tools": "asyncrl.bench.tools"}
 
 
 def command_bench(options: argparse.Namespace) -> int:
@@ -180,7 +180,8 @@ def add_training_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def add_tool_commands(commands: argparse._SubParsersAction) -> None:
-    bench = commands.add_parser("bench", help="benchmarks: engine, trainer, sync (weight sync), modes",
+    bench = commands.add_parser("bench", help="benchmarks: engine, trainer, sync (weight sync), modes, tools "
+                                "(the python tool's sandbox)",
                                 description="Each benchmark has its own flags (asyncrl bench engine --help). Results "
                                 "go under outputs/bench/ in the current directory unless --output or --results-dir "
                                 "says otherwise.")

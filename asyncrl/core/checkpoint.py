@@ -87,7 +87,8 @@ class CheckpointManager:
     @staticmethod
     def check(folder: Path) -> Optional[str]:
         """What is wrong with a checkpoint folder, or None when it is intact: sizes and files the manifest does
-        not list first (cheap; nothing but the run writes into a checkpoint), then every file's SHA-256."""
+        not list first (cheap; nothing but the run writes into a checkpoint), each file's format by its first
+        bytes (JSON or safetensors; never a pickle), then every file's SHA-256."""
         try:
             manifest = json.loads((folder / DRIVER_FILE).read_text())["manifest"]
         except (OSError, ValueError, KeyError, TypeError) as error:
@@ -106,6 +107,10 @@ class CheckpointManager:
                           if path.is_file() and path.name != DRIVER_FILE and str(path.relative_to(folder)) not in manifest)
         if unlisted:
             return f"{unlisted[0]} was not written with the checkpoint (not in {DRIVER_FILE}'s manifest)"
+        for name in manifest:
+            problem = data_file_problem(folder / name)
+            if problem is not None:
+                return f"{name} {problem}"
         for name, entry in manifest.items():
             if file_sha256(folder / name) != entry["sha256"]:
                 return f"{name} does not match its SHA-256 in {DRIVER_FILE} (altered or corrupted on disk)"
@@ -114,6 +119,24 @@ class CheckpointManager:
     @staticmethod
     def read_driver_state(folder: Path) -> dict[str, Any]:
         return json.loads((folder / DRIVER_FILE).read_text())
+
+
+PICKLE_PROTOCOL_MARK = 0x80     # the first byte of a pickle of protocol 2 or later
+ZIP_MAGIC = b"PK\x03\x04"      # torch.save's format: a zip holding a pickle
+SAFETENSORS_HEADER_OFFSET = 8   # a safetensors file: an 8-byte header length, then its JSON header
+
+
+def data_file_problem(path: Path) -> Optional[str]:
+    """None for a JSON or safetensors file (all a checkpoint holds), judged by its first bytes; else what it is.
+    A manifest can be rewritten to list a planted file with its true hash: its content still tells."""
+    with open(path, "rb") as file:
+        head = file.read(16)
+    stripped = head.lstrip()
+    if stripped[:1] in (b"{", b"[") or head[SAFETENSORS_HEADER_OFFSET:SAFETENSORS_HEADER_OFFSET + 1] == b"{":
+        return None
+    if head[:1] == bytes([PICKLE_PROTOCOL_MARK]) or head.startswith(ZIP_MAGIC):
+        return "is a pickle (asyncrl never unpickles checkpoint files: loading one can run any code)"
+    return "is neither JSON nor safetensors, the only formats a checkpoint holds"
 
 
 def file_sha256(path: Path) -> str:

@@ -150,6 +150,8 @@ def parse_messages(value: Any, where: str, prompt_key: str) -> list[dict[str, st
             raise DatasetError(f"{where}: {prompt_key}[{position}].content must be a string")
         check_encodable(message["content"], f"{where}: {prompt_key}[{position}].content")
         messages.append({"role": message["role"], "content": message["content"]})
+    if not any(message["content"].strip() for message in messages):
+        raise DatasetError(f"{where}: {prompt_key!r} is empty (every message's content is blank): nothing to answer")
     return messages
 
 

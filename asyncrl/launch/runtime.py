@@ -28,7 +28,8 @@ from asyncrl.config import AsyncRLConfig, ConfigError, check_environment, dump_c
 from asyncrl.core import PPOCore, Runtime, TrainerGroup
 from asyncrl.core.trainer_rank import TrainerActor
 from asyncrl.data.dataset import PromptDataset
-from asyncrl.launch.preflight import check_model_inputs
+from asyncrl.launch.input_checks import check_datasets, check_run_folders, warn_about_sampling
+from asyncrl.launch.preflight import check_external_servers, check_model_inputs, check_tools
 from asyncrl.launch.ray_cluster import start_ray
 from asyncrl.launch.resource_pool import PoolSpec, Pools, ResourceError, allocate_pools
 from asyncrl.launch.resume_check import check_resume
@@ -49,13 +50,18 @@ def load_inputs(config: AsyncRLConfig) -> tuple[Any, PromptDataset, Optional[Pro
     """Tokenizer and datasets: everything that can be wrong with the user's files and the machine (a CUDA
     device, the resume folder), checked before Ray."""
     check_environment(config, has_ray_cluster=ray.is_initialized())
+    warn_about_sampling(config)
     model_config, tokenizer = check_model_inputs(config)
+    check_tools(config)
+    check_external_servers(config)
     budget = config.data.max_prompt_length + config.data.max_response_length
     if budget > model_config.max_position_embeddings:
         raise ConfigError(f"data.max_prompt_length + data.max_response_length = {budget} exceeds the model's "
                          f"max_position_embeddings ({model_config.max_position_embeddings}) in {config.model.path}")
+    check_run_folders(config)
     train = PromptDataset.from_files(config.data.train_files, tokenizer, config.data)
     val = PromptDataset.from_files(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
+    check_datasets(config, train, val)
     return tokenizer, train, val
 
 

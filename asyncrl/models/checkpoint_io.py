@@ -245,7 +245,8 @@ def _match_weights(model: Model, folder: Path, ignored: set[str], optional: set[
 
 
 def _load_weights(model: Model, folder: Path, ignored: set[str], optional: set[str]) -> None:
-    """Checks every name and shape first (`_match_weights`), then copies."""
+    """Checks every name and shape first (`_match_weights`), then copies, each tensor checked finite (a NaN
+    weight would otherwise surface steps later as an unnamed non-finite loss)."""
     parameters = dict(model.named_parameters())
     files = _match_weights(model, folder, ignored, optional)
     with torch.no_grad():
@@ -253,7 +254,17 @@ def _load_weights(model: Model, folder: Path, ignored: set[str], optional: set[s
             with safe_open(str(path), framework="pt") as handle:
                 for name in handle.keys():
                     if name in files:
-                        parameters[name].copy_(handle.get_tensor(name))
+                        tensor = handle.get_tensor(name)
+                        check_finite(tensor, f"model folder {folder}: tensor {name} in {path.name}")
+                        parameters[name].copy_(tensor)
+
+
+def check_finite(tensor: Tensor, where: str) -> None:
+    if tensor.is_floating_point():
+        bad = int((~torch.isfinite(tensor)).sum())
+        if bad:
+            raise ValueError(f"{where} holds {bad} non-finite value(s) (NaN or inf) of {tensor.numel()}: the weights "
+                             f"are damaged (a diverged run's save?); use other weights")
 
 
 def save_model(model: Model, folder: str | Path, tokenizer_folder: str | Path | None = None,

@@ -30,6 +30,28 @@ def scorer_for(data_source: str) -> Optional[Callable[[str, Any], float]]:
     return None
 
 
+# The built-in scorers that read a structured answer, and the keys it holds; the others compare text.
+STRUCTURED_ANSWERS = {"asyncrl/countdown": ("numbers", "target")}
+
+
+def ground_truth_problem(data_source: str, ground_truth: Any) -> Optional[str]:
+    """Why the built-in scorer of `data_source` could never match `ground_truth` (every right answer would
+    score 0), or None. A text scorer compares str(ground_truth): a list, a mapping, a bool or a float (5.0 for
+    "5") never equals an answer the model writes."""
+    if scorer_for(data_source) is None:
+        return None
+    keys = STRUCTURED_ANSWERS.get(data_source)
+    if keys is not None:
+        if not isinstance(ground_truth, dict) or not set(keys) <= set(ground_truth):
+            return f"the built-in scorer of {data_source!r} reads a mapping with {list(keys)}, got {ground_truth!r:.60}"
+        return None
+    if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, int)):
+        return (f"the built-in scorer of {data_source!r} compares text, so a {type(ground_truth).__name__} "
+                f"({ground_truth!r:.60}) never matches an answer; give the answer as a string (or an integer), or "
+                f"set reward.custom_function to a function that reads it")
+    return None
+
+
 def compute_score(data_source: str, solution_str: str, ground_truth: Any,
                   extra_info: Optional[dict[str, Any]] = None) -> float:
     scorer = scorer_for(data_source)

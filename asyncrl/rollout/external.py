@@ -9,21 +9,21 @@ server that returns token ids and log-probs), weights pushed as an HF folder tha
     pending = rollout.start_generate(requests)    # spread over the healthy servers, in a thread of its own
     rollout.sync_weights(version)                 # write the policy, POST reload to every server that answers
 
-A server that fails a request (connection refused or lost, a timeout, a 5xx) leaves the rotation, and the
-request is sent again to a healthy one, at most `max_retries` times; when no server is left the call fails
-naming every server and why it left. A server not heard from for `health_interval_s` is probed before it gets
-requests. At each weight sync every server is asked to reload, those out of rotation too: one that answers is
-back (its weights are current again); one that does not stays out and is reported. Versions are tracked here:
-a server stamps each token with the `weight_version` it was given at its last reload (asyncrl serve says so
-per token; for a server that does not, tokens get the version pushed last, exact whenever requests do not
-cross a sync, as in sync and one_step_off mode).
+A server that fails a request (connection refused or lost, a timeout, a 5xx, or an answer that breaks the request:
+more tokens than max_tokens, ids outside the vocabulary, log-probs that are not finite, not the JSON asked for;
+`external_answer.py`) leaves the rotation, and the request is sent again to a healthy one, at most `max_retries`
+times; when no server is left the call fails naming every server and why it left. A server not heard from for
+`health_interval_s` is probed before it gets requests. At each weight sync every server is asked to reload, those
+out of rotation too: one that answers is back (its weights are current again); one that does not stays out and is
+reported. Versions are tracked here: a server stamps each token with the `weight_version` it was given at its last
+reload (asyncrl serve says so per token; for a server that does not, tokens get the version pushed last, exact
+whenever requests do not cross a sync, as in sync and one_step_off mode).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 import weakref
@@ -38,7 +38,9 @@ from asyncrl.engine import GenerationRequest, GenerationResult
 from asyncrl.remote import RemoteUnavailableError
 from asyncrl.rollout.backend import (PendingGeneration, RolloutBackend, RolloutError, RolloutHealth, WorkerOutput,
                                      spread)
-from asyncrl.rollout.external_client import ServerClient, ServerFailure
+from asyncrl.models import check_model_folder
+from asyncrl.rollout.external_answer import completion_body, finished_already, result_from_answer
+from asyncrl.rollout.external_client import ServerClient, ServerFailure, api_key_of
 from asyncrl.rollout.external_weights import folder_checksum, write_policy
 from asyncrl.rollout.gate import BusyClock, GatedControls, RequestGate
 from asyncrl.rollout.registry import ROLLOUT_BACKENDS, RolloutContext
@@ -67,7 +69,7 @@ class ExternalRollout(GatedControls, RolloutBackend):
         self.trainers = context.trainers
         self.sync_timeout_s = config.weight_sync.timeout_s
         self.weights_dir = Path(settings.weights_dir or Path(config.trainer.output_dir) / "external_weights")
-        api_key = os.environ.get(settings.api_key_env, "") if settings.api_key_env else ""
+        api_key = api_key_of(settings.api_key_env)
         self.servers = [ServerClient(url, api_key, settings.timeout_s) for url in settings.urls]
         self.names = [server.url for server in self.servers]
         self.is_healthy = [True] * len(self.servers)
@@ -81,6 +83,8 @@ class ExternalRollout(GatedControls, RolloutBackend):
         self.lock = threading.Lock()
         self.version = 0
         self.connect_all()
+        # A token id at or past it would index past the trainer's embedding: such an answer is a lie.
+        self.vocab_size = check_model_folder(config.model.path, "causal_lm").vocab_size
         if settings.verify_weights:
             self.verify(config.model.path, list(range(len(self.servers))))
 
@@ -134,11 +138,17 @@ class ExternalRollout(GatedControls, RolloutBackend):
                        client_of: Callable[[int], httpx.AsyncClient]) -> tuple[int, GenerationResult]:
         """One request on server `first`, then on others while servers fail (at most max_retries times)."""
         index, attempts = first, 0
+        body = completion_body(request, self.servers[index].model)
+        if body is None:
+            return index, finished_already(request)
         while True:
             self.load[index] += 1
+            server = self.servers[index]
             try:
-                result = await self.servers[index].complete(client_of(index), request, self.version)
-            except ServerFailure as error:
+                answer = await server.complete(client_of(index), {**body, "model": server.model})
+                result = result_from_answer(request, answer, body["max_tokens"], self.vocab_size, self.version,
+                                            server.url)
+            except ServerFailure as error:   # a dead server, or one that lied (ServerLied)
                 failure = error
             else:
                 self.last_seen[index] = time.monotonic()

@@ -1,28 +1,21 @@
-"""One OpenAI-compatible rollout server as the external backend talks to it: a request as token ids in, the
-sampled ids with their log-probs (and, from `asyncrl serve`, their policy versions) out; health, reload, abort.
+"""One OpenAI-compatible rollout server as the external backend talks to it over HTTP: completions, health,
+reload, abort.
 
     server = ServerClient("http://127.0.0.1:8001", api_key="", timeout_s=300)
-    result = await server.complete(client, request, version=3)   # GenerationResult, or ServerFailure
-    server.reload(folder, version=4, timeout_s=120)              # POST <reload_endpoint> {model_path, weight_version}
+    answer = await server.complete(client, body)       # the JSON answer (external_answer.py builds and checks)
+    server.reload(folder, version=4, timeout_s=120)    # POST <reload_endpoint> {model_path, weight_version}
 
-The body is vLLM's completion request with token ids (`prompt` a list of ids, `return_token_ids`, `top_k`,
-`ignore_eos`, `stop_token_ids`, `request_id`); the answer's choice carries `token_ids` and `token_logprobs`
-(asyncrl serve; vLLM gives the ids and, with `logprobs`, the log-probs). A server that does not say which
-version sampled each token gets the version the backend pushed last. A resumed request (partial rollout) is sent
-as prompt + the response so far with the remaining budget, and its result is the whole response.
-
-`ServerFailure` is the server's fault (no connection, a timeout, a 5xx): the backend takes the server out of
-rotation and sends the request to another. A 4xx is the request's fault and raises `ServerRequestError`.
+`ServerFailure` is the server's fault (no connection, a timeout, a 5xx, an answer that is not JSON or not what
+was asked for: `ServerLied`): the backend takes the server out of rotation and sends the request to another. A
+4xx is the request's fault and raises `ServerRequestError`.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx
-import numpy as np
-
-from asyncrl.engine import GenerationRequest, GenerationResult
 
 
 class ServerFailure(RuntimeError):
@@ -33,46 +26,14 @@ class ServerRequestError(RuntimeError):
     """The server refused the request (4xx): retrying elsewhere would not help."""
 
 
-def completion_body(request: GenerationRequest, model: str) -> dict[str, Any] | None:
-    """The completion request for `request`'s remaining budget, or None when nothing is left to generate."""
-    params = request.params
-    remaining = params.max_new_tokens - request.response_ids.size
-    if remaining <= 0:
-        return None
-    prompt = np.concatenate([request.prompt_ids, request.response_ids]).tolist()
-    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": int(remaining),
-                            "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-                            "ignore_eos": params.ignore_eos, "stop_token_ids": list(params.stop_token_ids),
-                            "return_token_ids": True, "logprobs": 0, "request_id": request.request_id}
-    if params.seed is not None:
-        body["seed"] = params.seed
-    return body
+class ServerLied(ServerFailure):
+    """The server answered, but with something no honest server sends (not JSON, not the shape asked for, or
+    against the request: `external_answer.py`); it leaves the rotation like a dead one."""
 
 
-def result_from_choice(request: GenerationRequest, choice: dict[str, Any], version: int, url: str) -> GenerationResult:
-    """The whole response: the request's earlier part, then the choice's tokens."""
-    token_ids = choice.get("token_ids")
-    log_probs = choice.get("token_logprobs")
-    if log_probs is None and choice.get("logprobs"):
-        log_probs = choice["logprobs"].get("token_logprobs")
-    if token_ids is None or log_probs is None or len(token_ids) != len(log_probs):
-        raise ServerRequestError(f"{url}: the completion of {request.request_id!r} lacks token_ids and their "
-                                 f"log-probs (the external backend needs a server that returns them: asyncrl serve, "
-                                 f"or vLLM with return_token_ids)")
-    versions = choice.get("token_versions") or [version] * len(token_ids)
-    reason = choice.get("finish_reason") or "length"
-    finish_reason = reason if reason in ("stop", "length", "abort") else "stop"
-    return GenerationResult(
-        request.request_id, request.prompt_ids,
-        np.concatenate([request.response_ids, np.asarray(token_ids, dtype=np.int32)]),
-        np.concatenate([request.response_log_probs, np.asarray(log_probs, dtype=np.float32)]),
-        np.concatenate([request.response_versions, np.asarray(versions, dtype=np.int32)]), finish_reason)
-
-
-def finished_already(request: GenerationRequest) -> GenerationResult:
-    """A resumed request whose budget was spent before it was aborted."""
-    return GenerationResult(request.request_id, request.prompt_ids, request.response_ids, request.response_log_probs,
-                            request.response_versions, "length")
+def api_key_of(api_key_env: str) -> str:
+    """rollout.external.api_key_env's value: the key from the environment (empty: none)."""
+    return os.environ.get(api_key_env, "") if api_key_env else ""
 
 
 class ServerClient:
@@ -96,7 +57,11 @@ class ServerClient:
         if response.status_code >= 400:
             raise ServerRequestError(f"{self.url}: {call} refused the request ({response.status_code}): "
                                      f"{response.text[:300]}")
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            raise ServerLied(f"{self.url}: {call} answered {response.status_code} with a body that is not JSON: "
+                             f"{response.text[:100]!r}") from None
 
     def get(self, path: str, timeout_s: float | None = None) -> dict[str, Any]:
         try:
@@ -116,10 +81,12 @@ class ServerClient:
     def connect(self) -> None:
         """Checks that the server answers and learns the name it serves."""
         self.get("/health")
-        models = self.get("/v1/models")["data"]
-        if not models:
-            raise ServerRequestError(f"{self.url}: GET /v1/models lists no model")
-        self.model = models[0]["id"]
+        models = self.get("/v1/models")
+        data = models.get("data") if isinstance(models, dict) else None
+        if not isinstance(data, list) or not data or not isinstance(data[0], dict) or \
+                not isinstance(data[0].get("id"), str):
+            raise ServerRequestError(f"{self.url}: GET /v1/models lists no model ({str(models)[:100]})")
+        self.model = data[0]["id"]
 
     def is_alive(self, timeout_s: float) -> bool:
         try:
@@ -128,17 +95,14 @@ class ServerClient:
         except (ServerFailure, ServerRequestError):
             return False
 
-    async def complete(self, client: httpx.AsyncClient, request: GenerationRequest, version: int) -> GenerationResult:
-        body = completion_body(request, self.model)
-        if body is None:
-            return finished_already(request)
+    async def complete(self, client: httpx.AsyncClient, body: dict[str, Any]) -> Any:
+        """The server's JSON answer to completion request `body` (`external_answer.py` checks it)."""
         try:
             response = await client.post(self.url + "/v1/completions", json=body)
         except httpx.HTTPError as error:
-            raise ServerFailure(f"{self.url}: completion of {request.request_id!r} failed: "
+            raise ServerFailure(f"{self.url}: completion of {body['request_id']!r} failed: "
                                 f"{type(error).__name__}: {error}") from None
-        answer = self.check(response, f"completion of {request.request_id!r}")
-        return result_from_choice(request, answer["choices"][0], version, self.url)
+        return self.check(response, f"completion of {body['request_id']!r}")
 
     def reload(self, endpoint: str, folder: str, version: int, timeout_s: float) -> int:
         """Loads the HF folder as `version`; returns the version the server reports."""

@@ -15,8 +15,9 @@ serves a recording endpoint over the run's rollout backend for as long as its `a
 
 The agent gets an `openai.AsyncOpenAI` whose requests record under a fresh session, and the prompt record
 (`messages`, `ground_truth`, `data_source`, `extra_info`). It returns a reward (a number) or a dict with a
-"reward" and extra metrics (numbers). An agent that raises, runs past `timeout_s` or returns anything else
-scores 0 (its trajectories still train, with reward 0) and is counted; the run goes on.
+"reward" and extra metrics (numbers). An agent that raises, runs past `timeout_s` (blocking its event loop
+included: each run has a loop of its own, `agent_thread.py`) or returns anything else scores 0 (its trajectories
+still train, with reward 0) and is counted; the run goes on.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from asyncrl.data.records import PromptRecord
 from asyncrl.engine import GenerationRequest, SamplingParams
 from asyncrl.models import TransformerConfig
 from asyncrl.rollout.agent.recorded import AgentCounters, AgentOutcome, assemble
+from asyncrl.serving.agent_thread import AgentThread, AgentTimeout
 from asyncrl.serving.recording import RecordingEndpoint
 from asyncrl.serving.rollout_served import Generator, RolloutServedModel
 
@@ -95,19 +97,26 @@ def reward_of(returned: Any) -> tuple[float, dict[str, float]]:
 
 async def run_agent(agent: AgentFunction, endpoint: RecordingEndpoint, record: PromptRecord, request_id: str,
                     timeout_s: float, defaults: Optional[SamplingParams] = None) -> AgentOutcome:
-    """Runs the agent once under a fresh session (whose requests default to `defaults`); never raises for the
-    agent's own failures."""
+    """Runs the agent once under a fresh session (whose requests default to `defaults`), in an event loop of its
+    own, timed from this one (so an agent that blocks its loop is stopped too); never raises for the agent's own
+    failures."""
     session = endpoint.open_session(defaults)
-    client = endpoint.client(session)
+
+    async def call() -> Any:   # in the agent's own event loop (agent_thread.py), with a client made there
+        client = endpoint.client(session)
+        try:
+            return await agent(client, record)
+        finally:
+            await client.close()
+
     score, extra, error, is_timeout = 0.0, {}, None, False
     try:
-        score, extra = reward_of(await asyncio.wait_for(agent(client, record), timeout_s))
-    except asyncio.TimeoutError:
-        error, is_timeout = f"the agent ran past rollout.agent.timeout_s = {timeout_s} s", True
+        score, extra = reward_of(await AgentThread(call, request_id).result(timeout_s))
+    except AgentTimeout as timeout:
+        error, is_timeout = str(timeout), True
     except Exception as raised:   # the user's code: any failure scores 0 and the run goes on
         error = f"{type(raised).__name__}: {raised}"
     finally:
-        await client.close()
         turns = endpoint.close_session(session)
     if error is not None:
         logger.warning("agent run %s scores 0: %s", request_id, error)

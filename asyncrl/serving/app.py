@@ -50,13 +50,26 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 @dataclass(frozen=True)
 class ServerSettings:
     api_key: str = ""                       # empty: no key asked
-    max_request_bytes: int = 8 * 2**20      # a larger body is refused with 413 before it is read
+    max_request_bytes: int = 8 * 2**20      # a larger body is refused with 413 (by its header, else as read)
     tool_call_parser: str = "hermes"        # a name in asyncrl.rollout.agent.TOOL_CALL_PARSERS
 
 
+async def read_body(request: Request) -> bytes:
+    """The body, read up to the app's `max_request_bytes` and no further: 413 past them. Counted as read, so a
+    chunked body (no Content-Length) or a Content-Length that lies is bounded too, in time and in memory."""
+    limit = request.app.state.settings.max_request_bytes
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise APIError(413, f"the request body has more than {limit} bytes, this server's limit")
+    return bytes(body)
+
+
 async def parse_body(request: Request, model: type[M]) -> M:
-    """The JSON body as `model`: 400 when it is not JSON, 422 naming the field when a value is wrong."""
-    raw = await request.body()
+    """The JSON body as `model`: 413 past the size limit, 400 when it is not JSON, 422 naming the field when a
+    value is wrong."""
+    raw = await read_body(request)
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -93,6 +106,7 @@ def build_app(served: ServedModel, settings: ServerSettings = ServerSettings(),
     app = FastAPI(title="asyncrl serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.served = served
     app.state.metrics = metrics
+    app.state.settings = settings
     add_guards(app, settings, metrics)
     add_openai_routes(app, served, metrics, TOOL_CALL_PARSERS[settings.tool_call_parser])
     add_admin_routes(app, served, metrics)

@@ -121,7 +121,8 @@ async def create_chat_completion(served: ServedModel, metrics: ServerMetrics, re
                                  parse: Callable[[str], ParsedTurn]) -> ChatCompletionResponse | AsyncIterator[str]:
     prompt_ids = chat_prompt_ids(served, request)
     served.check_prompt(prompt_ids, "messages")
-    budget = served.budget(prompt_ids, request.token_budget())
+    budget_param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+    budget = served.budget(prompt_ids, request.token_budget(), budget_param)
     request_id = request.request_id or f"chatcmpl-{uuid.uuid4().hex}"
     choices = generate_choices(served, request, prompt_ids, budget, request_id, ROUTE, headers)
     created = int(time.time())

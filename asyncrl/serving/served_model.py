@@ -98,10 +98,17 @@ class ServedModel:
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
             raise APIError(400, f"prompt token ids must be in [0, {vocab_size})", param=param)
 
-    def budget(self, prompt_ids: list[int], max_tokens: int | None) -> int:
-        """The token budget: `max_tokens`, or what the context leaves when it is not given."""
+    def budget(self, prompt_ids: list[int], max_tokens: int | None, param: str = "max_tokens") -> int:
+        """The token budget: `max_tokens`, or what the context leaves when it is not given. A budget no prompt
+        could use (past the model's context length) is a 400; one past what this prompt leaves ends with
+        finish "length" where the context does."""
         room = self.max_model_len - len(prompt_ids)
-        return room if max_tokens is None else max_tokens
+        if max_tokens is None:
+            return room
+        if max_tokens > self.max_model_len:
+            raise APIError(400, f"{param}={max_tokens} exceeds this model's maximum context length of "
+                                f"{self.max_model_len} tokens", param=param, code="context_length_exceeded")
+        return max_tokens
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, engine_id: str,
                        request_id: str) -> GenerationResult:

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.tensor import DTensor
 
+from asyncrl.models.checkpoint_io import check_finite
 from asyncrl.train.parallel import rank
 
 # Frozen parameters (a LoRA policy's base weights) are the model folder's, never trained: a checkpoint holds the
@@ -122,6 +123,11 @@ def load_trainer_state(folder: str | Path, components: dict[str, Component]) -> 
         raise CheckpointFormatError(f"trainer checkpoint file {tensors_path} is not a readable safetensors file: "
                                     f"{error}") from error
     for name, (model, optimizer, _) in components.items():
+        for key, value in local["sharded"][f"{name}.model"].items():
+            try:
+                check_finite(value, f"trainer checkpoint file {tensors_path}: {name} tensor {key}")
+            except ValueError as error:
+                raise CheckpointFormatError(str(error)) from None
         set_model_state_dict(model, local["sharded"][f"{name}.model"], options=TRAINABLE_LOAD)
         if optimizer is not None:
             with gradients_aside(model):

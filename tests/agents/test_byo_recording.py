@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import numpy as np
 import pytest
@@ -144,13 +145,27 @@ def test_an_agent_exception_or_timeout_scores_zero_and_is_counted(model):
         await asyncio.sleep(30)
         return 1.0
 
+    async def blocking(client, record, seen):
+        """Its first turn, then a synchronous sleep that holds its event loop (the case `wait_for` on the run's
+        own loop could never end), then a turn that must not train."""
+        seen.append(await chat_turn(client, list(record.messages), seed=2))
+        time.sleep(8)
+        seen.append(await chat_turn(client, list(record.messages), seed=3))
+        return 1.0
+
     counters = AgentCounters()
     failed, seen = run_with_endpoint(model, failing)
     counters.add(failed)
     timed_out, _ = run_with_endpoint(model, slow, timeout_s=0.5)
     counters.add(timed_out)
+    blocked, blocked_seen = run_with_endpoint(model, blocking, timeout_s=3)
+    counters.add(blocked)
     assert failed.score == 0.0 and failed.error == "RuntimeError: the tool crashed" and not failed.is_timeout
     assert len(failed.trajectories) == 1 and failed.trajectories[0].ids.tolist() == seen[0].token_ids
     assert timed_out.score == 0.0 and timed_out.is_timeout and timed_out.trajectories == []
-    assert counters.metrics() == {"agent/runs": 2.0, "agent/errors": 1.0, "agent/timeouts": 1.0,
-                                  "agent/samples": 1.0, "agent/samples_across_versions": 0.0}
+    assert "blocked its event loop" not in timed_out.error
+    assert blocked.score == 0.0 and blocked.is_timeout
+    assert blocked.error.startswith("the agent ran past rollout.agent.timeout_s = 3 s and blocked its event loop")
+    assert [trajectory.ids.tolist() for trajectory in blocked.trajectories] == [blocked_seen[0].token_ids]
+    assert counters.metrics() == {"agent/runs": 3.0, "agent/errors": 1.0, "agent/timeouts": 2.0,
+                                  "agent/samples": 2.0, "agent/samples_across_versions": 0.0}

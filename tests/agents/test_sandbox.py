@@ -4,10 +4,12 @@ executor runs the next call normally afterwards (the run goes on)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
 
+from asyncrl.bench import tools as tools_bench
 from asyncrl.rollout.agent import ParsedTurn, ToolCall
 from asyncrl.rollout.tools import TOOLS, SandboxLimits, ToolExecutor, run_python, sandbox
 
@@ -85,6 +87,16 @@ def test_limits_must_be_positive(limit):
 def test_without_a_network_namespace_the_audit_hook_still_refuses_the_network(monkeypatch):
     monkeypatch.setattr(sandbox, "network_namespace_prefix", lambda: ())
     run = asyncio.run(run_python("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)",
-                                 SandboxLimits(**LIMITS)))
+                                 SandboxLimits(**LIMITS), isolated=False))
     assert not run.network_isolated and run.exit_code == 1
     assert "network access is not allowed" in run.stderr
+
+
+def test_the_tools_bench_times_both_modes_and_records_the_load(tmp_path):
+    output = tmp_path / "tools.jsonl"
+    assert tools_bench.main(["--calls", "2", "--concurrency", "2", "--output", str(output)]) == 0
+    result = json.loads(output.read_text())
+    assert set(result["modes"]) == {"bubblewrap", "audit_hook_only"}
+    for numbers in result["modes"].values():
+        assert 0 < numbers["min_ms"] <= numbers["median_ms"] <= numbers["p90_ms"] and numbers["calls_per_s"] > 0
+    assert len(result["load_average_before"]) == 3 and result["cpus"] >= 1

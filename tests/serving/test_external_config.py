@@ -10,6 +10,8 @@ import torch
 
 from asyncrl.cli import main
 from asyncrl.config import ConfigError, load_config
+from asyncrl.launch import runtime, train
+from asyncrl.models import build_tiny_model
 from asyncrl.remote import RemoteUnavailableError
 from asyncrl.rollout import ExternalRollout, RolloutContext
 from tests.serving.server_process import free_port
@@ -50,3 +52,13 @@ def test_listening_beyond_loopback_without_a_key_warns(tmp_path, caplog, monkeyp
         main(["serve", str(tmp_path / "nowhere"), "--host", "::1", "--device", "cpu"])
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].startswith("listening on 0.0.0.0 without an API key")
+
+
+def test_a_dead_port_stops_the_run_before_ray_naming_the_url(tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime, "start_ray", lambda config: pytest.fail("Ray started before the checks"))
+    model = build_tiny_model(tmp_path / "policy", family="qwen2", seed=0)
+    url = f"http://127.0.0.1:{free_port()}"   # nothing listens there
+    config = load_config(None, [f"model.path={model}", "rollout.backend=external", f"rollout.external.urls=[{url}]",
+                                f"trainer.output_dir={tmp_path / 'run'}", "trainer.device=cpu"])
+    with pytest.raises(ConfigError, match=rf"rollout.external.urls: {url}: GET /health failed: ConnectError"):
+        train(config)

@@ -5,6 +5,7 @@ what the engine samples in process for the same prompt ids and seed."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 
 import httpx
@@ -168,3 +169,55 @@ def test_the_api_key_is_asked_everywhere_but_health(server, model_name):
     assert httpx.get(server.base_url + "/metrics", timeout=10).status_code == 401
     assert httpx.post(server.base_url + "/pause_generation", timeout=10).status_code == 401
     assert httpx.get(server.base_url + "/health", timeout=10).json()["status"] == "ok"
+
+
+def chunked(total_bytes: int, chunk_bytes: int = 65536):
+    """A body sent without Content-Length (chunked transfer encoding), `total_bytes` long."""
+    sent = 0
+    while sent < total_bytes:
+        yield b"x" * min(chunk_bytes, total_bytes - sent)
+        sent += chunk_bytes
+
+
+def send_chunked(server, total_bytes: int) -> int | str:
+    """The status a chunked body gets, or the transport error where the server closed while it was sent."""
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    try:
+        return httpx.post(server.base_url + "/v1/completions", content=chunked(total_bytes), headers=headers,
+                          timeout=60).status_code
+    except httpx.TransportError as error:
+        return type(error).__name__
+
+
+def test_a_body_is_bounded_by_the_bytes_read_and_health_answers_under_a_flood(server, model_name):
+    """A chunked body (no Content-Length) past the limit gets 413, as one with a header does; a flood of 8 such
+    bodies of 4 MB (40x the limit) at once leaves the server's memory where it was and /health answering."""
+    import psutil   # Ray's bundled copy, on the path once Ray is imported (the server's own imports)
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    over = httpx.post(server.base_url + "/v1/completions", headers=headers, timeout=30,
+                      content=(json.dumps({"model": model_name, "prompt": "x" * 150_000}).encode()
+                               for _ in range(1)))
+    assert over.status_code == 413 and "more than 100000 bytes" in over.json()["error"]["message"]
+    memory_before = psutil.Process(server.process.pid).memory_info().rss
+    with concurrent.futures.ThreadPoolExecutor(max_workers=9) as pool:
+        flood = [pool.submit(send_chunked, server, 4 * 2**20) for _ in range(8)]
+        health = [httpx.get(server.base_url + "/health", timeout=10) for _ in range(5)]
+        outcomes = [future.result() for future in flood]
+    assert all(response.status_code == 200 for response in health)
+    assert all(outcome in (413, "WriteError", "RemoteProtocolError", "ReadError") for outcome in outcomes), outcomes
+    assert 413 in outcomes
+    growth = psutil.Process(server.process.pid).memory_info().rss - memory_before
+    assert growth < 100 * 2**20, f"the server grew by {growth / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_token_budget_past_the_model_context_is_refused(client, model_name, field):
+    if field == "max_tokens":
+        with pytest.raises(openai.BadRequestError, match=r"max_tokens=1000000000 exceeds this model's maximum "
+                                                         r"context length of 256 tokens") as refused:
+            client.completions.create(model=model_name, prompt="x", max_tokens=10**9)
+    else:
+        with pytest.raises(openai.BadRequestError, match="max_completion_tokens=257 exceeds") as refused:
+            client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "x"}],
+                                           max_completion_tokens=257)
+    assert refused.value.body["param"] == field and refused.value.body["code"] == "context_length_exceeded"

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from asyncrl.engine import GenerationRequest, SamplingParams
-from asyncrl.rollout.external_client import ServerRequestError, completion_body, result_from_choice
+from asyncrl.rollout.external_answer import completion_body, result_from_answer
+from asyncrl.rollout.external_client import ServerLied
 from asyncrl.serving.metrics import ServerMetrics
 
 
@@ -46,11 +47,39 @@ def test_a_resumed_request_sends_prompt_and_response_with_the_remaining_budget()
 
 def test_a_resumed_result_is_the_whole_response_with_versions_stamped_where_the_server_gives_none():
     choice = {"token_ids": [30, 31], "token_logprobs": [-1.0, -2.0], "finish_reason": "stop"}
-    result = result_from_choice(resumed_request(), choice, version=4, url="http://s")
+    result = result_from_answer(resumed_request(), {"choices": [choice]}, 3, 100, version=4, url="http://s")
     assert result.response_ids.tolist() == [20, 21, 30, 31]
     np.testing.assert_array_equal(result.response_log_probs, np.float32([-0.5, -0.25, -1.0, -2.0]))
     assert result.response_versions.tolist() == [3, 3, 4, 4] and result.finish_reason == "stop"
-    stamped = result_from_choice(resumed_request(), {**choice, "token_versions": [5, 6]}, version=4, url="http://s")
+    stamped = result_from_answer(resumed_request(), {"choices": [{**choice, "token_versions": [5, 6]}]}, 3, 100,
+                                 version=4, url="http://s")
     assert stamped.response_versions.tolist() == [3, 3, 5, 6]
-    with pytest.raises(ServerRequestError, match=r"http://s: the completion of 'epoch0/p3/1' lacks token_ids"):
-        result_from_choice(resumed_request(), {"text": "12", "finish_reason": "stop"}, version=4, url="http://s")
+    with pytest.raises(ServerLied, match=r"http://s: completion of 'epoch0/p3/1': the choice lacks token_ids"):
+        result_from_answer(resumed_request(), {"choices": [{"text": "12", "finish_reason": "stop"}]}, 3, 100,
+                           version=4, url="http://s")
+
+
+HONEST = {"token_ids": [30, 31], "token_logprobs": [-1.0, -2.0], "finish_reason": "stop"}
+
+
+@pytest.mark.parametrize("answer, message", [
+    ([HONEST], "the answer is a JSON list, not an object"),
+    ({"choices": []}, "the answer has no choices"),
+    ({"id": "x"}, "the answer has no choices"),
+    ({"choices": ["12"]}, "choices\\[0\\] is a str, not an object"),
+    ({"choices": [{**HONEST, "token_ids": [30, 31, 32, 33]}]}, "4 tokens for max_tokens=3"),
+    ({"choices": [{**HONEST, "token_ids": [30, 100]}]}, r"token_ids holds 1 value\(s\) outside \[0, 100\), e.g. 100"),
+    ({"choices": [{**HONEST, "token_ids": [30, -1]}]}, r"outside \[0, 100\), e.g. -1"),
+    ({"choices": [{**HONEST, "token_ids": [30, 3.5]}]}, "token_ids is not a list of integers"),
+    ({"choices": [{**HONEST, "token_logprobs": [-1.0, float("nan")]}]},
+     "1 log-prob\\(s\\) not finite or above 0, e.g. nan"),
+    ({"choices": [{**HONEST, "token_logprobs": [-1.0, float("-inf")]}]}, "not finite or above 0, e.g. -inf"),
+    ({"choices": [{**HONEST, "token_logprobs": [-1.0, 0.5]}]}, "not finite or above 0, e.g. 0.5"),
+    ({"choices": [{**HONEST, "token_logprobs": [-1.0]}]}, "1 log-probs for 2 token ids"),
+    ({"choices": [{**HONEST, "token_logprobs": "-1 -2"}]}, "lacks token_logprobs as a list of numbers"),
+    ({"choices": [{**HONEST, "token_versions": [1]}]}, "1 token_versions for 2 token ids"),
+    ({"choices": [{**HONEST, "token_versions": [1, -2]}]}, r"token_versions holds 1 value\(s\) outside >= 0"),
+])
+def test_an_answer_that_breaks_the_request_is_a_lie_named_with_the_server_and_request(answer, message):
+    with pytest.raises(ServerLied, match=r"^http://s: completion of 'epoch0/p3/1': .*" + message):
+        result_from_answer(resumed_request(), answer, 3, 100, version=4, url="http://s")

@@ -4,6 +4,7 @@
     calculator.py    "calculator": exact arithmetic from the syntax tree
     python_tool.py   "python": code in the sandbox
     sandbox.py       run_python: a subprocess with wall/CPU/memory/output/process limits, no network, its own dir
+    isolation.py     the OS layer of the sandbox: bubblewrap (read-only root, own namespaces, nothing outlives a call)
     latency.py       simulated per-call latency (benchmarks)
     config.py        load_tools(rollout.multi_turn.tool_config_path)
     executor.py      ToolExecutor: a turn's calls, concurrently, each under its timeout

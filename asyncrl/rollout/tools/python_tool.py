@@ -3,8 +3,14 @@
     {"name": "python", "arguments": {"code": "print(sum(range(10)))"}}   ->   "45\\n"
 
 Config keys (the tool's `config` in the tool YAML): wall_s, cpu_s, memory_mb, file_size_mb, max_processes,
-max_output_bytes (`SandboxLimits`). A run that fails, is killed or prints too much raises a ToolError whose
-message (the end of its stderr, or which limit stopped it) is what the model reads.
+max_output_bytes (`SandboxLimits`), and unsafe_without_os_isolation (default false). A run that fails, is killed
+or prints too much raises a ToolError whose message (the end of its stderr, or which limit stopped it) is what
+the model reads.
+
+The code runs in a bubblewrap sandbox (`sandbox.py`, `isolation.py`). Where that cannot start, building the
+tool fails (before Ray: the run's pre-flight builds the tools) naming what is missing and how to install it;
+`unsafe_without_os_isolation: true` runs the code under the audit hook and limits only, which code that sets
+out to escape gets around (docs/security.md).
 """
 
 from __future__ import annotations
@@ -12,19 +18,31 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.rollout.tools.base import CallContext, Tool, ToolError, ToolTimeout, TOOLS, function_schema
+from asyncrl.rollout.tools.isolation import isolation_problem
 from asyncrl.rollout.tools.sandbox import SandboxLimits, run_python
 
 STDERR_TAIL_CHARS = 600
+UNSAFE_KEY = "unsafe_without_os_isolation"
 
 
 class PythonTool(Tool):
     def __init__(self, name: str, config: dict[str, Any], schema: dict[str, Any], timeout_s: float | None):
         self.name, self.schema = name, schema
+        limits = dict(config)
+        unsafe = limits.pop(UNSAFE_KEY, False)
+        if not isinstance(unsafe, bool):
+            raise ValueError(f"python tool: {UNSAFE_KEY} must be true or false, got {unsafe!r}")
         try:
-            self.limits = SandboxLimits(**config)
+            self.limits = SandboxLimits(**limits)
         except TypeError:
-            raise ValueError(f"python tool: unknown config keys among {sorted(config)}; valid: "
-                             f"{sorted(SandboxLimits.__dataclass_fields__)}, timeout_s, latency") from None
+            valid = [*SandboxLimits.__dataclass_fields__, UNSAFE_KEY, "timeout_s", "latency"]
+            raise ValueError(f"python tool: unknown config keys among {sorted(config)}; valid: {valid}") from None
+        self.isolated = not unsafe
+        problem = isolation_problem() if self.isolated else None
+        if problem is not None:
+            raise ValueError(f"python tool: tool code runs under OS isolation, which cannot start here: {problem}. "
+                             f"To run it under the audit hook only (not a security boundary: docs/security.md), "
+                             f"set {UNSAFE_KEY}: true in this tool's config")
         # The executor's limit sits above the sandbox's own, which stops the process first.
         self.timeout_s = timeout_s if timeout_s is not None else self.limits.wall_s + 5.0
 
@@ -32,7 +50,7 @@ class PythonTool(Tool):
         code = arguments.get("code")
         if not isinstance(code, str) or set(arguments) != {"code"}:
             raise ToolError(f"{self.name} takes one string argument, 'code'; got {sorted(arguments)}")
-        run = await run_python(code, self.limits)
+        run = await run_python(code, self.limits, self.isolated)
         if run.timed_out:
             raise ToolTimeout(f"the code ran past {self.limits.wall_s:g} s and was stopped")
         if run.output_truncated:
@@ -53,5 +71,5 @@ def tail(stderr: str) -> str:
 TOOLS.add("python", PythonTool, runs="in a sandboxed subprocess",
           schema=function_schema("python", "run Python code and return what it prints",
                                  {"code": "the program; print the result"}),
-          summary="a Python interpreter in a sandboxed subprocess (wall, CPU, memory, output, process limits; "
-                  "no network; its own directory)")
+          summary="a Python interpreter in a bubblewrap sandbox (read-only system, its own writable directory, "
+                  "own PID and network namespaces; wall, CPU, memory, output, process limits)")

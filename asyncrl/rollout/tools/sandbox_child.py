@@ -4,8 +4,9 @@ It confines itself before running the code: resource limits (CPU seconds, addres
 files, processes), then an audit hook that refuses, with a PermissionError the code sees, what the
 limits cannot express: opening files for writing, or deleting/renaming/creating them, outside its working
 directory; creating network sockets; starting processes (unless allowed); loading ctypes (which could
-bypass the hook). The parent adds a network namespace without interfaces where `unshare` works and kills
-the process group on its wall-time and output limits. Standard library only.
+bypass the hook). The parent starts it in a bubblewrap sandbox (`isolation.py`), the OS layer that holds
+what the hook cannot see (a process started through `_posixsubprocess`, sqlite, mkfifo, native code), and
+kills it on its wall-time and output limits. Standard library only.
 """
 
 import json
@@ -32,10 +33,9 @@ def set_limits(limits):
 
 
 def limit_processes(limits):
-    """In a user namespace of its own the process count starts at this process; outside one, RLIMIT_NPROC
-    counts every process of the user, so the limit sits above what the user already runs."""
-    extra = 0 if limits["own_user_namespace"] else limits["user_processes"]
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"] + extra,) * 2)
+    """RLIMIT_NPROC counts every process of the user in its user namespace: the parent says how many it counts
+    already (bwrap's init in the sandbox; every process of the user outside one), and the limit sits above."""
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"] + limits["counted_processes"],) * 2)
 
 
 def make_hook(workdir, allow_processes):
