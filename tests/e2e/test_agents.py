@@ -16,7 +16,8 @@ import yaml
 
 from asyncrl.config import dump_config, load_config
 from asyncrl.launch import train
-from asyncrl.launch.demo import DEMO_TASKS, TOOLS_CONFIG, demo_config_path, prepare_setup
+from asyncrl.data.demo_tasks import DEMO_TASKS, TOOLS_CONFIG
+from asyncrl.launch.demo import demo_config_path, prepare_setup
 from asyncrl.telemetry import read_metrics
 from tests.e2e.test_kill_resume import run_until
 
