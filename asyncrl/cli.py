@@ -90,10 +90,10 @@ def command_train(options: argparse.Namespace) -> int:
     from asyncrl.launch import train
     summary = train(config)
     if "already_finished" in summary:  # a warning said why and how to train again; the command's goal holds: exit 0
-        print(f"nothing to do: {summary['output_dir']} holds a finished run ({summary['steps']} steps)")
+        print(f"nothing to do: {summary['output_dir']} holds a finished run ({summary['last_step']} steps)")
         return 0
-    verb = f"stopped by {summary['stopped_by']} after" if "stopped_by" in summary else "finished"
-    print(f"{verb} {summary['steps']} steps in {summary['wall_time_s']:.0f}s; outputs in {summary['output_dir']}")
+    from asyncrl.recipes.run_report import run_report
+    print("\n".join(run_report(summary)))
     return 0
 
 

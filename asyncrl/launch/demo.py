@@ -116,7 +116,7 @@ def run_demo(output_dir: str | Path, mode: str = DEFAULT_MODE, overrides: list[s
         config = load_config(demo_config_path(), [*overrides, f"trainer.output_dir={run_dir}"])
     summary = train(config)
     if "stopped_by" in summary:  # a signal ended it early: there is no final validation to report
-        print(f"\n[demo] stopped by {summary['stopped_by']} after {summary['steps']} steps; outputs: "
+        print(f"\n[demo] stopped by {summary['stopped_by']} after step {summary['last_step']}; outputs: "
               f"{summary['output_dir']}")
         return summary
     before = summary["initial_validation"].get("val/score/mean", float("nan"))

@@ -132,7 +132,7 @@ def test_sigkill_at_three_points_then_resume_trains_every_prompt_once(tool_setup
     for kill_after in (1, 5, 8):   # mid-cycle before any checkpoint, mid-cycle, just after a sync
         assert run_until(config_path, output_dir, kill_after, timeout_s=900) == -9
     assert run_until(config_path, output_dir, None, timeout_s=900) == 0
-    assert json.loads((output_dir / "summary.json").read_text())["steps"] == 12
+    assert json.loads((output_dir / "summary.json").read_text())["last_step"] == 12
     rollouts = output_dir / "rollouts"
     trained = Counter(json.loads(line)["prompt_id"] for step in range(1, 13)
                       for line in (rollouts / f"step_{step}.jsonl").read_text().splitlines()
