@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
 from asyncrl.algos import ADVANTAGE_ESTIMATORS
-from asyncrl.config import AsyncRLConfig, prompts_per_step
+from asyncrl.config import AsyncRLConfig, prompts_per_step, step_meaning
 from asyncrl.core.checkpoint import CheckpointManager
 from asyncrl.core.runtime import Runtime
 from asyncrl.data.records import TokenizedPrompt
@@ -165,6 +165,7 @@ class TrainingLoop:
             self.validate(initial)
             core.log(initial, 0)
         recipe.begin()
+        logger.info("%d steps; %s", self.total_steps, step_meaning(self.runtime.config))
         progress = Progress(self.total_steps, initial_step=self.step)
         # The end of the run is inside too: a signal while it validates, saves and plots lets it finish (the
         # checkpoint is being written anyway), rather than cutting it off with a traceback.
