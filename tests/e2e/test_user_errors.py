@@ -62,7 +62,7 @@ def test_a_reward_that_raises_costs_its_samples_and_a_finished_run_run_again_sta
     first = train_cli(str(config_path))
     assert first.returncode == 0, first.stderr[-3000:]
     assert re.search(rf"^finished 2 steps in \d+s\noutputs in {re.escape(str(output))}$", first.stdout, re.M)
-    assert "the reward function failed on" in first.stderr and "cannot score answers ending in 1" in first.stderr
+    assert "the reward failed on" in first.stderr and "cannot score answers ending in 1" in first.stderr
     assert "Traceback" not in first.stderr
     rows = [row for row in read_metrics(output / "metrics.jsonl") if "reward/num_errors" in row]
     assert len(rows) == 2 and rows[-1]["reward/num_errors"] > 0
