@@ -18,10 +18,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 import textwrap
 
-from asyncrl.config import ConfigError, dump_config, load_config
+# OpenMP threads of every command (the demo's SFT in this process, a run's workers, `asyncrl serve`) sleep while
+# they wait for each other instead of spinning on a core another process needs (asyncrl/launch/cpu_threads.py).
+# OpenMP reads the setting once, when torch loads: so before the imports below load it. A user's own is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from asyncrl.config import ConfigError, dump_config, load_config  # noqa: E402  (after the OpenMP setting)
 from asyncrl.data.demo_tasks import DEFAULT_MODE, DEFAULT_TASK, DEMO_TASKS
 from asyncrl.data.reader import DatasetError
 from asyncrl.data.tasks import TASKS
