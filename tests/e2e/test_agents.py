@@ -1,5 +1,6 @@
 """Multi-turn agents end to end through real Ray actors, on the tool task (4-digit products the model must
-hand to the calculator): the tool demo learns in every mode (final answers and correct calls both up);
+hand to the calculator): the tool demo learns in one_step_off here, and in sync and fully_async on the runs of
+its documented commands (tests/docs), final answers and correct calls both up;
 fully_async with partial rollout trains trajectories whose turns span two policy versions; a fully-async run
 killed with SIGKILL at three points and resumed trains every prompt exactly once, trajectories in flight
 included."""
@@ -79,10 +80,11 @@ def first_and_last(rows: list[dict], key: str) -> tuple[float, float]:
     return sum(values[:3]) / 3, sum(values[-3:]) / 3
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off", "fully_async"])
-def test_the_tool_demo_learns_answers_and_correct_calls(tools_setup, tmp_path, mode):
+def test_the_tool_demo_learns_answers_and_correct_calls_in_one_step_off(tools_setup, tmp_path):
+    """sync and fully_async: the documented commands' own runs are held to the same margins
+    (tests/docs/test_docs.py::test_the_documented_tools_demo_learns, docs/agents.md)."""
     output_dir = tmp_path / "run"
-    summary = train(tool_config(tools_setup, output_dir, mode, "trainer.test_freq=0"))
+    summary = train(tool_config(tools_setup, output_dir, "one_step_off", "trainer.test_freq=0"))
     before = summary["initial_validation"]["val/score/mean"]
     after = summary["final_validation"]["val/score/mean"]
     assert after >= before + SCORE_GAIN, (before, after)
