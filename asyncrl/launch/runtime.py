@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path

@@ -84,7 +84,13 @@ def test_the_tool_demo_learns_answers_and_correct_calls_in_one_step_off(tools_se
     """sync and fully_async: the documented commands' own runs are held to the same margins
     (tests/docs/test_docs.py::test_the_documented_tools_demo_learns, docs/agents.md)."""
     output_dir = tmp_path / "run"
-    summary = train(tool_config(tools_setup, output_dir, "one_step_off", "trainer.test_freq=0"))
+    assert_the_tools_demo_learned(train(tool_config(tools_setup, output_dir, "one_step_off", "trainer.test_freq=0")),
+                                  output_dir)
+
+
+def assert_the_tools_demo_learned(summary: dict, output_dir: Path) -> None:
+    """The margins above on a finished run of the tools demo: greedy validation, the sampled score and the rate of
+    correct calls up; every step's trajectories called the tool and trained tool tokens."""
     before = summary["initial_validation"]["val/score/mean"]
     after = summary["final_validation"]["val/score/mean"]
     assert after >= before + SCORE_GAIN, (before, after)
