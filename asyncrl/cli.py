@@ -18,9 +18,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
+import textwrap
 
-from asyncrl.config import ConfigError, dump_config, load_config
+# OpenMP threads of every command (the demo's SFT in this process, a run's workers, `asyncrl serve`) sleep while
+# they wait for each other instead of spinning on a core another process needs (asyncrl/launch/cpu_threads.py).
+# OpenMP reads the setting once, when torch loads: so before the imports below load it. A user's own is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from asyncrl.config import ConfigError, dump_config, load_config  # noqa: E402  (after the OpenMP setting)
+from asyncrl.data.demo_tasks import DEFAULT_MODE, DEFAULT_TASK, DEMO_TASKS
 from asyncrl.data.reader import DatasetError
 from asyncrl.data.tasks import TASKS
 from asyncrl.recipes.errors import IncompatibleCheckpointError
@@ -62,7 +70,7 @@ def command_advise(options: argparse.Namespace) -> int:
 
 def command_data_make(options: argparse.Namespace) -> int:
     from asyncrl.data.make import make_task, write_task
-    from asyncrl.launch.demo import DEFAULT_TASK, demo_task
+    from asyncrl.data.demo_tasks import demo_task
     name, knobs = options.task, {}
     if name is None:  # the demo's task, whose warm-started model (asyncrl demo --setup-only) it matches
         name, knobs = demo_task(DEFAULT_TASK).task, dict(demo_task(DEFAULT_TASK).knobs)
@@ -88,19 +96,15 @@ def command_train(options: argparse.Namespace) -> int:
     from asyncrl.launch import train
     summary = train(config)
     if "already_finished" in summary:  # a warning said why and how to train again; the command's goal holds: exit 0
-        print(f"nothing to do: {summary['output_dir']} holds a finished run ({summary['steps']} steps)")
+        print(f"nothing to do: {summary['output_dir']} holds a finished run ({summary['last_step']} steps)")
         return 0
-    verb = f"stopped by {summary['stopped_by']} after" if "stopped_by" in summary else "finished"
-    print(f"{verb} {summary['steps']} steps in {summary['wall_time_s']:.0f}s; outputs in {summary['output_dir']}")
+    from asyncrl.recipes.run_report import run_report
+    print("\n".join(run_report(summary)))
     return 0
 
 
 def command_demo(options: argparse.Namespace) -> int:
-    from asyncrl.launch.demo import demo_task, prepare_setup, run_demo
-    try:
-        demo_task(options.task)
-    except ValueError as error:
-        raise ConfigError(f"--task: {error}") from None
+    from asyncrl.launch.demo import prepare_setup, run_demo
     if options.setup_only:
         setup = prepare_setup(options.out, options.task, rebuild=options.rebuild_setup)
         print(f"warm-started model: {setup.model}\ntraining prompts:   {setup.train_file}\n"
@@ -144,16 +148,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_demo_command(commands: argparse._SubParsersAction) -> None:
-    # The demo's registry is read when the demo runs (an unknown --task is an error listing it): importing the
-    # composition root here would slow every command down.
-    demo = commands.add_parser("demo", help="the main job: make the arithmetic task, build a tiny model, "
-                               "warm-start it with SFT, train it with RL, report validation accuracy")
+    tasks = "\n".join(textwrap.fill(f"{name}: {task.summary}", 100, initial_indent="  ", subsequent_indent="    ")
+                      for name, task in DEMO_TASKS.items())
+    demo = commands.add_parser("demo", help="the main job: make a task, build a tiny model, warm-start it with "
+                               "SFT, train it with RL, report validation accuracy",
+                               description=f"Demo tasks (--task):\n{tasks}",
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--out", default="outputs/demo", help="output folder (default outputs/demo): the run goes "
-                      "to OUT/TASK-MODE/, the cached data and warm-started model to OUT/setup/TASK/")
-    demo.add_argument("--task", default="arithmetic", help="the demo task, a name of asyncrl.launch.demo.DEMO_TASKS: "
-                      "arithmetic (default) or longtail (long-tailed response lengths, what the async modes are for)")
-    demo.add_argument("--mode", choices=["sync", "one_step_off", "fully_async"], default="sync",
-                      help="trainer.mode (default sync)")
+                      "to OUT/TASK-MODE/ (OUT/TASK-MODE-lora/ with model.lora_rank), the cached data and "
+                      "warm-started model to OUT/setup/TASK/")
+    demo.add_argument("--task", choices=list(DEMO_TASKS), default=DEFAULT_TASK,
+                      help=f"the demo task (default {DEFAULT_TASK}; each is described above)")
+    demo.add_argument("--mode", choices=["sync", "one_step_off", "fully_async"], default=DEFAULT_MODE,
+                      help=f"trainer.mode (default {DEFAULT_MODE})")
     demo.add_argument("--setup-only", action="store_true", help="only make (or reuse) the data and the "
                       "warm-started model, and print where they are: the starting point of your own job")
     demo.add_argument("--rebuild-setup", action="store_true", help="make the data and the warm-started model "

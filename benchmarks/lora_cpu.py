@@ -28,7 +28,7 @@ import torch
 from asyncrl.bench.trainer_ranks import run_ranks
 from asyncrl.config import load_config
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
-from asyncrl.launch.demo import MODEL_SHAPE
+from asyncrl.data.demo_tasks import MODEL_SHAPE
 from asyncrl.models import CausalLM, build_tiny_model, tiny_config
 from asyncrl.models.adapted import load_policy
 from asyncrl.models.lora import LoRASpec, add_adapters, count_parameters, is_adapter_name, merge_adapters

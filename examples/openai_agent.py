@@ -1,6 +1,9 @@
 """An agent written with the official `openai` package, trained by asyncrl as it is (docs/byo-agent.md).
 
-    asyncrl train my_job.yaml rollout.agent.path=examples/openai_agent.py:rollout
+    asyncrl train examples/grpo.yaml rollout.agent.path=examples/openai_agent.py:rollout \
+        model.path=outputs/demo/setup/arithmetic/model trainer.output_dir=outputs/byo-agent \
+        data.train_files=[outputs/demo/setup/arithmetic/data/train.parquet] \
+        data.val_files=[outputs/demo/setup/arithmetic/data/val.parquet]
 
 A two-try solver for the demo's arithmetic task (`asyncrl demo --setup-only` makes its data and model): it asks
 the model, checks the answer with a calculator of its own (its tool), and when the answer is wrong says so and

@@ -33,6 +33,7 @@ from asyncrl.core import Runtime
 from asyncrl.core.records import Sample
 from asyncrl.data.records import TokenizedPrompt
 from asyncrl.launch import build_runtime
+from asyncrl.recipes.run_report import run_report
 from asyncrl.recipes.training_loop import TrainingLoop
 
 
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, *USER_ERRORS) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"finished {summary['steps']} steps in {summary['wall_time_s']:.0f}s; outputs in {summary['output_dir']}")
+    print("\n".join(run_report(summary)))
     return 0
 
 

@@ -52,17 +52,37 @@ class DemoSetup:
     output: str
 
 
-@pytest.fixture(scope="session")
-def demo_setup(tmp_path_factory) -> DemoSetup:
-    """The demo's setup, made once per session by `asyncrl demo --setup-only` run as a user runs it (a subprocess
-    of the CLI): the arithmetic task and the tiny model after its SFT warm start. The e2e runs start from it and
-    the README test's clone starts with it in place, so its SFT (a minute or more) runs once per session."""
-    out = tmp_path_factory.mktemp("demo")
-    command = [sys.executable, "-m", "asyncrl.cli", "demo", "--setup-only", "--out", str(out)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+def setup_only(out: Path, task: str) -> DemoSetup:
+    """`asyncrl demo --setup-only --task TASK --out OUT` run as a user runs it (a subprocess of the CLI)."""
+    command = [sys.executable, "-m", "asyncrl.cli", "demo", "--setup-only", "--task", task, "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=3600)
     output = result.stdout + result.stderr
-    assert result.returncode == 0, f"asyncrl demo --setup-only failed:\n{output[-3000:]}"
-    assert "3/4 SFT warm start" in output, output[-3000:]   # made by this command, not found in a cache
+    assert result.returncode == 0, f"asyncrl demo --setup-only --task {task} failed:\n{output[-3000:]}"
     printed = {key: Path(value.strip()) for key, _, value in (line.partition(":") for line in result.stdout.splitlines())}
     return DemoSetup(out / "setup", printed["warm-started model"], printed["training prompts"],
                      printed["validation prompts"], output)
+
+
+@pytest.fixture(scope="session")
+def demo_setup(tmp_path_factory) -> DemoSetup:
+    """The demo's setup, made once per session by `asyncrl demo --setup-only` run as a user runs it: the
+    arithmetic task and the tiny model after its SFT warm start. The e2e runs start from it, so its SFT (a minute
+    or more) runs once per session."""
+    setup = setup_only(tmp_path_factory.mktemp("demo"), "arithmetic")
+    assert "3/4 SFT warm start" in setup.output, setup.output[-3000:]   # made by this command, not found in a cache
+    return setup
+
+
+@pytest.fixture(scope="session")
+def tools_setup(demo_setup) -> DemoSetup:
+    """The tools demo's setup (its task, and a model warm-started on the sloppy teacher's tool traces: 384 SFT
+    steps), made beside the arithmetic one in the same cache."""
+    return setup_only(demo_setup.cache.parent, "tools")
+
+
+@pytest.fixture(scope="session")
+def demo_setups(demo_setup, tools_setup) -> Path:
+    """The cache of every demo task's setup (`OUT/setup/`), as `asyncrl demo` leaves it after a user's
+    `--setup-only` of each task: the docs test's clone starts with it in place."""
+    setup_only(demo_setup.cache.parent, "longtail")   # two SFT epochs from the arithmetic warm start
+    return demo_setup.cache

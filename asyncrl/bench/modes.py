@@ -39,7 +39,8 @@ from asyncrl.bench.results import default_output
 from asyncrl.config import load_config
 from asyncrl.data.make import make_task, write_task
 from asyncrl.launch import train
-from asyncrl.launch.demo import DEMO_TASKS, prepare_setup
+from asyncrl.data.demo_tasks import DEMO_TASKS
+from asyncrl.launch.demo import prepare_setup
 from asyncrl.models import build_tiny_model
 from asyncrl.telemetry import plot_bars, plot_timeline, read_metrics
 

@@ -36,9 +36,14 @@ Every key of the config tree, as a dotted path. Set keys in a YAML file (nested 
 line as dotted overrides, which win over the file:
 
 ```bash
-asyncrl train examples/grpo.yaml actor.optim.lr=1e-5 rollout.n=8 data.train_files=[data/arith/train.parquet]
-asyncrl config show examples/grpo.yaml rollout.n=8     # print the resolved config
+asyncrl config show examples/grpo.yaml rollout.n=4 actor.optim.lr=1e-4     # print the resolved config
+asyncrl train examples/grpo.yaml rollout.n=4 actor.optim.lr=1e-4 trainer.output_dir=outputs/grpo-n4 \
+    model.path=outputs/demo/setup/arithmetic/model \
+    data.train_files=[outputs/demo/setup/arithmetic/data/train.parquet] \
+    data.val_files=[outputs/demo/setup/arithmetic/data/val.parquet]
 ```
+
+(The model and the data are the demo's, made by `asyncrl demo` or `asyncrl demo --setup-only`.)
 
 Leaf names follow verl without its `actor_rollout_ref.` prefix. `data.train_batch_size` and the
 `ppo_mini_batch_size` keys count prompts; `*_micro_batch_size_per_gpu` keys count rows (responses), and

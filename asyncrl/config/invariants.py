@@ -66,6 +66,25 @@ def step_batch_text(config: AsyncRLConfig) -> str:
     return f"data.train_batch_size ({config.data.train_batch_size})"
 
 
+def step_meaning(config: AsyncRLConfig) -> str:
+    """What one training step is in this mode, for the console and the docs: the same data makes twice as many
+    fully_async steps as sync steps when R is half of data.train_batch_size."""
+    actor, prompts = config.actor, prompts_per_step(config)
+    num_updates = prompts // actor.ppo_mini_batch_size * actor.ppo_epochs
+    if config.trainer.mode == "fully_async":
+        source = (f"R = actor.ppo_mini_batch_size x async_training.require_batches = {actor.ppo_mini_batch_size} x "
+                  f"{config.async_training.require_batches} = {prompts} prompts from the rollouter's queue")
+        push = (f"the weights are pushed every async_training.trigger_parameter_sync_step = "
+                f"{config.async_training.trigger_parameter_sync_step} steps")
+    else:
+        source = f"data.train_batch_size = {prompts} prompts"
+        push = "the weights are pushed after every step"
+    return (f"a {config.trainer.mode} step trains {source} x rollout.n = {config.rollout.n} responses, in "
+            f"{num_updates} optimizer update{'' if num_updates == 1 else 's'} (mini-batches of "
+            f"actor.ppo_mini_batch_size = {actor.ppo_mini_batch_size} prompts, actor.ppo_epochs = "
+            f"{actor.ppo_epochs}); {push}")
+
+
 def check_batch_sizes(config: AsyncRLConfig) -> None:
     actor, critic = config.actor, config.critic
     prompts = prompts_per_step(config)

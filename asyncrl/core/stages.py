@@ -174,8 +174,9 @@ class PPOCore:
         metrics.update(reward_metrics)
         failed = [sample for sample in scored if sample.reward_error is not None]
         if failed:
-            logger.warning("the reward function failed on %d of %d samples (scored 0, counted in "
-                           "reward/num_errors and reward/num_timeouts); last error: %s",
+            logger.warning("the reward failed on %d of %d samples (scored 0, counted in reward/num_errors and "
+                           "reward/num_timeouts for the reward function, reward/model_errors and "
+                           "reward/model_timeouts for the reward model); last error: %s",
                            len(failed), len(scored), failed[-1].reward_error)
         return scored
 

@@ -38,6 +38,10 @@ class TrainerRank:
         """This rank's process id on its node: the run logs it at start (for a profiler, or to kill it)."""
         return os.getpid()
 
+    def threads(self) -> tuple[int, str]:
+        """This process's torch threads and OpenMP wait policy (asyncrl/launch/cpu_threads.py): logged at start."""
+        return torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY", "")
+
     def compute_log_prob(self, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         log_probs, entropy = self.worker.compute_log_prob(TrainBatch.from_numpy(arrays))
         return log_probs.numpy(), entropy.numpy()

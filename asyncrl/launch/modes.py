@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from asyncrl.config import AsyncRLConfig
+from asyncrl.launch.cpu_threads import cpu_policy
 from asyncrl.launch.runtime import ModeActors, build_runtime
 from asyncrl.recipes.errors import RunAlreadyFinished
 from asyncrl.recipes.fully_async import FullyAsyncRecipe
@@ -28,12 +29,13 @@ def train(config: AsyncRLConfig) -> dict[str, Any]:
     if config.trainer.mode not in RECIPES:
         raise NotImplementedError(f"trainer.mode={config.trainer.mode} is not available yet; available: "
                                   f"{sorted(RECIPES)}")
-    try:
-        runtime = build_runtime(config, MODE_ACTORS.get(config.trainer.mode))
-    except RunAlreadyFinished as finished:
-        logger.warning("%s", finished)
-        return {**finished.summary, "already_finished": True}
-    try:
-        return RECIPES[config.trainer.mode](runtime).fit()
-    finally:
-        runtime.close()
+    with cpu_policy():
+        try:
+            runtime = build_runtime(config, MODE_ACTORS.get(config.trainer.mode))
+        except RunAlreadyFinished as finished:
+            logger.warning("%s", finished)
+            return {**finished.summary, "already_finished": True}
+        try:
+            return RECIPES[config.trainer.mode](runtime).fit()
+        finally:
+            runtime.close()

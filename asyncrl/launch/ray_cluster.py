@@ -41,6 +41,7 @@ from ray._private import ray_constants
 
 from asyncrl.config.schema import RayConfig
 from asyncrl.launch import cluster_reaper
+from asyncrl.launch.cpu_threads import worker_environment
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,8 @@ def start_ray(config: RayConfig, log_to_driver: bool = True) -> None:
     exit_on_sigterm()
     if config.address:
         with sigterm_exits():
-            ray.init(address=config.address, log_to_driver=log_to_driver)
+            ray.init(address=config.address, log_to_driver=log_to_driver,
+                     runtime_env={"env_vars": worker_environment()})
         exit_on_sigterm()  # the driver's Ray core replaced the handler
         return
     secure_local_environment()

@@ -64,7 +64,7 @@ def finished_summary(output_dir: Path, step: int) -> Optional[dict[str, Any]]:
     path = output_dir / SUMMARY_FILE
     try:
         summary = json.loads(path.read_text())
-        return summary if summary["steps"] == step else None
+        return summary if summary["last_step"] == step else None
     except (OSError, ValueError, KeyError, TypeError):   # none, or not one asyncrl wrote: not finished
         return None
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from asyncrl.config import AsyncRLConfig, ConfigError, check_environment, dump_c
 from asyncrl.core import PPOCore, Runtime, TrainerGroup
 from asyncrl.core.trainer_rank import TrainerActor
 from asyncrl.data.dataset import PromptDataset
+from asyncrl.launch.cpu_threads import threads_per_worker
 from asyncrl.launch.input_checks import check_datasets, check_run_folders, warn_about_sampling
 from asyncrl.launch.preflight import check_external_servers, check_model_inputs, check_tools
 from asyncrl.launch.ray_cluster import start_ray
@@ -37,10 +37,8 @@ from asyncrl.launch.stop_signals import StopSignals
 from asyncrl.recipes.training_loop import total_training_steps
 from asyncrl.remote import RemoteCallError, wait_for, wait_for_all, worker_name
 from asyncrl.rewards import RewardExecutor, RewardModelPool, Scorer, check_reward_model
-from asyncrl.rewards.executor import available_cpus
 from asyncrl.rollout import RolloutBackend, RolloutBackendSpec, RolloutContext, resolve_backend
 from asyncrl.telemetry import Timeline, Tracker
-from asyncrl.train.worker import GPU_HOST_THREADS
 
 
 logger = logging.getLogger(__name__)
@@ -99,11 +97,6 @@ def num_rollout_replicas(config: AsyncRLConfig, backend: RolloutBackendSpec) -> 
     return config.rollout.n_gpus_per_node * config.rollout.nnodes
 
 
-def threads_per_worker(spec: PoolSpec, num_workers: int) -> int:
-    """A GPU worker's host needs one intra-op thread (`GPU_HOST_THREADS`); CPU workers share the cores."""
-    return GPU_HOST_THREADS if spec.num_gpus_per_worker else max(1, available_cpus() // num_workers)
-
-
 PORT_ATTEMPTS = 3
 
 
@@ -160,10 +153,14 @@ def launch_replicas(config: AsyncRLConfig, pools: Pools, replica_actor: Any) -> 
 
 
 def actor_pids(config: AsyncRLConfig, trainers: TrainerGroup, replicas: list[Any]) -> dict[str, int]:
-    """Each trainer rank's and rollout replica's process id on its node, asked of the actor."""
+    """Each trainer rank's and rollout replica's process id on its node, asked of the actor; logs their threads."""
     names = [*trainers.names, *(worker_name("rollout", index) for index in range(len(replicas)))]
-    refs = [actor.pid.remote() for actor in [*trainers.actors, *replicas]]
-    return dict(zip(names, wait_for_all(refs, names, "pid", config.ray.rpc_timeout_s)))
+    actors = [*trainers.actors, *replicas]
+    pids = wait_for_all([actor.pid.remote() for actor in actors], names, "pid", config.ray.rpc_timeout_s)
+    threads = wait_for_all([actor.threads.remote() for actor in actors], names, "threads", config.ray.rpc_timeout_s)
+    logger.info("cpu threads: %s", ", ".join(f"{name} {count} (OMP_WAIT_POLICY={policy or 'unset'})"
+                                            for name, (count, policy) in zip(names, threads)))
+    return dict(zip(names, pids))
 
 
 def rollout_context(config: AsyncRLConfig, pools: Pools, replicas: list[Any], trainers: TrainerGroup) -> RolloutContext:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
 from asyncrl.algos import ADVANTAGE_ESTIMATORS
-from asyncrl.config import AsyncRLConfig, prompts_per_step
+from asyncrl.config import AsyncRLConfig, prompts_per_step, step_meaning
 from asyncrl.core.checkpoint import CheckpointManager
 from asyncrl.core.runtime import Runtime
 from asyncrl.data.records import TokenizedPrompt
@@ -128,6 +128,7 @@ class TrainingLoop:
     started_s: float = field(default_factory=time.monotonic)
     last_validation: dict[str, float] = field(default_factory=dict)
     resumed_from: Optional[Path] = None         # the checkpoint this run resumed from
+    resumed_counts: tuple[int, int, int] = (0, 0, 0)  # (step, samples, tokens) that checkpoint had reached
 
     @classmethod
     def create(cls, runtime: Runtime) -> "TrainingLoop":
@@ -164,6 +165,7 @@ class TrainingLoop:
             self.validate(initial)
             core.log(initial, 0)
         recipe.begin()
+        logger.info("%d steps; %s", self.total_steps, step_meaning(self.runtime.config))
         progress = Progress(self.total_steps, initial_step=self.step)
         # The end of the run is inside too: a signal while it validates, saves and plots lets it finish (the
         # checkpoint is being written anyway), rather than cutting it off with a traceback.
@@ -194,12 +196,16 @@ class TrainingLoop:
         return {**self.summary({}, {}), "stopped_by": signal_name}
 
     def summary(self, initial_validation: dict[str, float], final_validation: dict[str, float]) -> dict[str, Any]:
+        """What this run did: `steps`, `samples`, `tokens` and `wall_time_s` count only this run (a resumed run's
+        earlier segments are in `resumed_from_step`); `last_step` is the step the run reached."""
         runtime = self.runtime
-        return {"steps": self.step, "samples": self.num_samples, "tokens": self.num_tokens,
-                "wall_time_s": time.monotonic() - self.started_s, "param_version": runtime.core.version,
-                "initial_validation": initial_validation, "final_validation": final_validation,
-                "output_dir": str(runtime.output_dir), "mode": runtime.config.trainer.mode,
-                "placement": runtime.resources.placement()}
+        resumed_step, resumed_samples, resumed_tokens = self.resumed_counts
+        return {"steps": self.step - resumed_step, "last_step": self.step, "resumed_from_step": resumed_step,
+                "resumed_from": str(self.resumed_from or ""), "samples": self.num_samples - resumed_samples,
+                "tokens": self.num_tokens - resumed_tokens, "wall_time_s": time.monotonic() - self.started_s,
+                "param_version": runtime.core.version, "initial_validation": initial_validation,
+                "final_validation": final_validation, "output_dir": str(runtime.output_dir),
+                "mode": runtime.config.trainer.mode, "placement": runtime.resources.placement()}
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def driver_state(self, extra: Optional[dict[str, Any]] = None,
@@ -231,6 +237,7 @@ class TrainingLoop:
         state = CheckpointManager.read_driver_state(folder)
         self.resumed_from = folder
         self.step, self.num_samples, self.num_tokens = state["step"], state["num_samples"], state["num_tokens"]
+        self.resumed_counts = (self.step, self.num_samples, self.num_tokens)
         self.sampler.load_state_dict(state["sampler"])
         self.runtime.core.load_state_dict(state["core"], str(folder / "trainer"))
         logger.info("resumed from %s at step %d", folder, self.step)

@@ -77,6 +77,24 @@ def check_template(template: str) -> None:
                          f"{{prompt}}, {{response}} and {{ground_truth}} (write a literal brace as {{{{ or }}}})")
 
 
+def judge_prompt_ids(tokenizer, template: str, prompt: str, response: str, ground_truth: str) -> list[int]:
+    """The judge's prompt: the template filled in, as the judge's user message in its chat template."""
+    text = template.format(prompt=prompt, response=response, ground_truth=ground_truth)
+    rendered = render_prompt(tokenizer, [{"role": "user", "content": text}], True, "plain")
+    return list(tokenizer.encode(rendered, add_special_tokens=False))
+
+
+def check_template_fits(tokenizer, template: str, context: int) -> None:
+    """Raises ValueError when the template alone, its fields empty, leaves no room for an answer token in the
+    judge's context: every judge prompt would exceed it and every sample would score 0."""
+    num_tokens = len(judge_prompt_ids(tokenizer, template, "", "", ""))
+    if num_tokens + 1 > context:
+        raise ValueError(f"reward.model.prompt_template takes {num_tokens} of the judge's tokens before any sample's "
+                         f"text, in its chat template, and the judge's context is {context} (reward.model.max_length, "
+                         f"else its max_position_embeddings): no judge prompt would fit. Shorten the template, or "
+                         f"use a judge with a longer context")
+
+
 def user_text(messages: Sequence[dict[str, str]]) -> str:
     """The prompt as the judge reads it: its user messages' text."""
     return "\n".join(message["content"] for message in messages if message["role"] == "user")
@@ -98,10 +116,8 @@ class GenerativeJudge:
         self.num_calls = 0
 
     def judge_prompt(self, request: RewardRequest) -> list[int]:
-        text = self.template.format(prompt=user_text(request.messages), response=request.solution_str,
-                                    ground_truth=request.ground_truth)
-        rendered = render_prompt(self.tokenizer, [{"role": "user", "content": text}], True, "plain")
-        return list(self.tokenizer.encode(rendered, add_special_tokens=False))
+        return judge_prompt_ids(self.tokenizer, self.template, user_text(request.messages), request.solution_str,
+                                request.ground_truth)
 
     def score(self, requests: Sequence[RewardRequest]) -> list[RewardResult]:
         self.num_calls += 1

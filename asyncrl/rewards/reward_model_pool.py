@@ -1,6 +1,6 @@
 """The client of the reward-model actors: splits a batch among them, waits with a deadline, never fails a run.
 
-    check_reward_model(config.reward.model)                 # before Ray: the folder, template and parser
+    check_reward_model(config.reward.model)                 # before Ray: the folder, template (and its fit), parser
     pool = RewardModelPool.launch(config.reward.model)      # after Ray: the actors load while the run starts
     pool.wait_ready(timeout_s)                              # each actor loaded its model, or the error names it
     pending = pool.start(requests)                          # dispatched at once; the caller scores its rules
@@ -26,7 +26,7 @@ from asyncrl.config.reward_schema import RewardModelConfig
 from asyncrl.config.user_code import split_spec
 from asyncrl.models import check_model_folder, load_tokenizer
 from asyncrl.remote import RemoteCallError, RemoteTimeoutError, wait_for, wait_for_all, worker_name
-from asyncrl.rewards.judge import ANSWER_PARSERS, check_template
+from asyncrl.rewards.judge import ANSWER_PARSERS, check_template, check_template_fits
 from asyncrl.rewards.protocol import Failure, RewardRequest, RewardResult
 from asyncrl.rewards.reward_model_worker import RewardModelWorker
 
@@ -43,10 +43,12 @@ def check_reward_model(config: RewardModelConfig) -> None:
                           "model (kind=discriminative) or judge (kind=generative)")
     kind = "reward" if config.kind == "discriminative" else "causal_lm"
     try:
-        check_model_folder(config.path, kind=kind)
-        load_tokenizer(config.path)
+        model_config = check_model_folder(config.path, kind=kind)
+        tokenizer = load_tokenizer(config.path)
         if config.kind == "generative":
             check_template(config.prompt_template)
+            check_template_fits(tokenizer, config.prompt_template,
+                                config.max_length or model_config.max_position_embeddings)
     except ValueError as error:
         raise ConfigError(f"reward.model (kind={config.kind}, path={config.path}): {error}") from None
     parser = config.answer_parser

@@ -47,6 +47,10 @@ class RolloutReplica:
         """This replica's process id on its node: the run logs it at start (for a profiler, or to kill it)."""
         return os.getpid()
 
+    async def threads(self) -> tuple[int, str]:
+        """This process's torch threads and OpenMP wait policy (asyncrl/launch/cpu_threads.py): logged at start."""
+        return torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY", "")
+
     async def generate(self, requests: list[GenerationRequest]) -> tuple[list[GenerationResult], float]:
         """All requests at once (continuous batching inside); results in request order, and the seconds
         this replica spent on them (so a caller that waited less can tell how much generation it hid)."""

@@ -3,7 +3,7 @@ one_step_off, R = actor.ppo_mini_batch_size x async_training.require_batches in 
 
 import pytest
 
-from asyncrl.config import ConfigError, load_config, prompts_per_step
+from asyncrl.config import ConfigError, load_config, prompts_per_step, step_meaning
 
 
 def test_prompts_per_step_is_the_batch_or_r_by_mode():
@@ -12,6 +12,20 @@ def test_prompts_per_step_is_the_batch_or_r_by_mode():
     assert prompts_per_step(load_config(None, [*batch, "trainer.mode=one_step_off"])) == 32
     assert prompts_per_step(load_config(None, [*batch, "trainer.mode=fully_async"])) == 16
 
+
+
+def test_a_step_is_stated_per_mode_with_its_prompts_updates_and_weight_pushes():
+    batch = ["data.train_batch_size=32", "actor.ppo_mini_batch_size=8", "async_training.require_batches=2",
+             "rollout.n=4", "actor.ppo_epochs=2", "async_training.trigger_parameter_sync_step=3"]
+    assert step_meaning(load_config(None, [*batch, "trainer.mode=one_step_off"])) == (
+        "a one_step_off step trains data.train_batch_size = 32 prompts x rollout.n = 4 responses, in 8 optimizer "
+        "updates (mini-batches of actor.ppo_mini_batch_size = 8 prompts, actor.ppo_epochs = 2); the weights are "
+        "pushed after every step")
+    assert step_meaning(load_config(None, [*batch, "trainer.mode=fully_async"])) == (
+        "a fully_async step trains R = actor.ppo_mini_batch_size x async_training.require_batches = 8 x 2 = 16 "
+        "prompts from the rollouter's queue x rollout.n = 4 responses, in 4 optimizer updates (mini-batches of "
+        "actor.ppo_mini_batch_size = 8 prompts, actor.ppo_epochs = 2); the weights are pushed every "
+        "async_training.trigger_parameter_sync_step = 3 steps")
 
 @pytest.mark.parametrize("mode", ["sync", "one_step_off"])
 def test_an_actor_mini_batch_larger_than_the_batch_is_refused_where_the_batch_is_the_step(mode):

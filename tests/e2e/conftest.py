@@ -11,7 +11,8 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.data.make import make_task, write_task
 from asyncrl.models import build_tiny_model
-from asyncrl.launch.demo import MODEL_SHAPE, TASK_KNOBS, demo_config_path
+from asyncrl.data.demo_tasks import MODEL_SHAPE, TASK_KNOBS
+from asyncrl.launch.demo import demo_config_path
 from tests.e2e.demo_configs import warm_config
 
 # The first rows of the demo's splits: more training prompts than any run here trains on (20 steps of 32), and a

@@ -162,7 +162,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly_then_resume_finishes(make_
     stdout, _ = process.communicate(timeout=300)
     assert process.returncode == 0, (tmp_path / "first.log").read_text()[-3000:]
     assert "stopped by SIGTERM after" in stdout
-    stopped_at = int(stdout.split("stopped by SIGTERM after ")[1].split()[0])
+    stopped_at = int(stdout.split("stopped by SIGTERM after step ")[1].split()[0])
     assert (output / "checkpoints" / f"step_{stopped_at}" / "driver.json").is_file()
     resumed = run_cli(config_path, tmp_path / "resumed.log")
     resumed.communicate(timeout=600)
@@ -189,7 +189,7 @@ def test_truncated_checkpoint_is_skipped_and_an_incompatible_one_refused(make_co
     altered.write_bytes(bytes(data))
     caplog.set_level(logging.WARNING, logger="asyncrl")
     summary = train(epoch_config(make_config, epoch_file, "trainer.save_freq=1", "trainer.total_steps=4"))
-    assert summary["steps"] == 4
+    assert (summary["last_step"], summary["resumed_from_step"], summary["steps"]) == (4, 1, 3)
     skipped = [record.message for record in caplog.records if "skipping checkpoint" in record.message]
     assert any("step_3" in message and "trainer/rank_0.safetensors has" in message and "truncated" in message
                for message in skipped), skipped

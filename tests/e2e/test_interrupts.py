@@ -91,14 +91,14 @@ def test_ctrl_c_to_the_process_group_saves_and_exits_0_five_times_then_the_epoch
         assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
         scorers = scorer_pids(log)
         assert len(scorers) == 2 and all(is_gone(pid) for pid in scorers)   # logged at start, closed at the end
-        step = int(stdout.split("stopped by SIGINT after ")[1].split()[0])
+        step = int(stdout.split("stopped by SIGINT after step ")[1].split()[0])
         assert stopped_at[-1] < step < NUM_STEPS, (stopped_at, step)
         assert (output / "checkpoints" / f"step_{step}" / "driver.json").is_file()  # save_freq=-1: the stop saved it
         stopped_at.append(step)
     final = start(config_path, tmp_path / "final.log")
     stdout, _ = final.communicate(timeout=600)
     assert final.returncode == 0, (tmp_path / "final.log").read_text()[-3000:]
-    assert json.loads((output / "summary.json").read_text())["steps"] == NUM_STEPS
+    assert json.loads((output / "summary.json").read_text())["last_step"] == NUM_STEPS
     steps = [row["step"] for row in read_metrics(output / "metrics.jsonl") if "critic/score/mean" in row]
     assert steps == list(range(1, NUM_STEPS + 1))   # one line per step: each resume replaced nothing it kept
     trained = Counter(json.loads(line)["prompt_id"] for step in range(1, NUM_STEPS + 1)

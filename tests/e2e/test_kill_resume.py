@@ -79,7 +79,7 @@ def test_sigkill_at_three_points_then_resume_trains_every_prompt_once(make_confi
         assert run_until(config_path, output_dir, kill_after) == -9
     assert run_until(config_path, output_dir, None) == 0
     summary = json.loads((output_dir / "summary.json").read_text())
-    assert summary["steps"] == 12
+    assert summary["last_step"] == 12
     trained = trained_prompts(output_dir, 12)
     assert set(trained) == {f"epoch.parquet:{row}" for row in range(96)}  # none lost
     assert set(trained.values()) == {1}, trained.most_common(3)            # none repeated

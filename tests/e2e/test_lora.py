@@ -69,7 +69,7 @@ def test_fully_async_lora_killed_and_resumed_trains_every_prompt_once(make_raw_c
     assert run_until(config_path, output_dir, 3) == -9  # after a sync, with adapters and their moments saved
     assert run_until(config_path, output_dir, None) == 0
     summary = json.loads((output_dir / "summary.json").read_text())
-    assert summary["steps"] == 6
+    assert summary["last_step"] == 6
     rollouts = output_dir / "rollouts"
     trained = Counter(json.loads(line)["prompt_id"] for step in range(1, 7)
                       for line in (rollouts / f"step_{step}.jsonl").read_text().splitlines()

@@ -5,6 +5,7 @@ starts nothing."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,8 @@ def test_a_reward_that_raises_costs_its_samples_and_a_finished_run_run_again_sta
     output = Path(config.trainer.output_dir)
     first = train_cli(str(config_path))
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "the reward function failed on" in first.stderr and "cannot score answers ending in 1" in first.stderr
+    assert re.search(rf"^finished 2 steps in \d+s\noutputs in {re.escape(str(output))}$", first.stdout, re.M)
+    assert "the reward failed on" in first.stderr and "cannot score answers ending in 1" in first.stderr
     assert "Traceback" not in first.stderr
     rows = [row for row in read_metrics(output / "metrics.jsonl") if "reward/num_errors" in row]
     assert len(rows) == 2 and rows[-1]["reward/num_errors"] > 0
@@ -87,4 +89,8 @@ def test_a_reward_that_raises_costs_its_samples_and_a_finished_run_run_again_sta
     assert further.returncode == 0, further.stderr[-3000:]
     steps = [row["step"] for row in read_metrics(output / "metrics.jsonl") if "critic/score/mean" in row]
     assert steps == [1, 2, 3]
-    assert json.loads((output / "summary.json").read_text())["steps"] == 3
+    summary = json.loads((output / "summary.json").read_text())
+    # The resumed run counts what it ran, and says it resumed.
+    assert (summary["steps"], summary["last_step"], summary["resumed_from_step"]) == (1, 3, 2)
+    assert summary["samples"] == 8 * 8 and summary["resumed_from"] == str(output / "checkpoints" / "step_2")
+    assert re.search(r"^resumed at step 2; finished 1 step in \d+s, to step 3$", further.stdout, re.M), further.stdout

@@ -86,16 +86,16 @@ def test_a_finished_run_is_recognised_only_with_its_summary_and_while_nothing_is
     folder = write_checkpoint(config, 2, NUM_PROMPTS)
     # Killed (or stopped) after its last checkpoint, before the final validation: resuming finishes it.
     assert check_resume(config, tmp_path, NUM_PROMPTS) == ResumePoint(folder, 2)
-    (tmp_path / "summary.json").write_text(json.dumps({"steps": 1, "output_dir": str(tmp_path)}))
+    (tmp_path / "summary.json").write_text(json.dumps({"last_step": 1, "output_dir": str(tmp_path)}))
     assert check_resume(config, tmp_path, NUM_PROMPTS) == ResumePoint(folder, 2)   # an earlier segment's summary
-    (tmp_path / "summary.json").write_text(json.dumps({"steps": 2, "output_dir": str(tmp_path)}))
+    (tmp_path / "summary.json").write_text(json.dumps({"last_step": 2, "output_dir": str(tmp_path)}))
     with pytest.raises(RunAlreadyFinished) as raised:
         check_resume(config, tmp_path, NUM_PROMPTS)
     message = str(raised.value)
     assert f"trainer.output_dir={tmp_path} holds a finished run (2 steps; last checkpoint {folder})" in message
     assert "another trainer.output_dir" in message and "trainer.resume=disable" in message
     assert message.endswith("to train this run further, raise trainer.total_epochs (now 1).")  # the data ended it
-    assert raised.value.summary["steps"] == 2
+    assert raised.value.summary["last_step"] == 2
     # More steps cannot train a run whose data is used up; another epoch does, from the same checkpoint.
     with pytest.raises(RunAlreadyFinished):
         check_resume(make_config(tmp_path, "trainer.total_steps=3"), tmp_path, NUM_PROMPTS)
@@ -106,7 +106,7 @@ def test_a_finished_run_is_recognised_only_with_its_summary_and_while_nothing_is
 def test_a_step_budget_reached_before_the_data_ends_is_finished_too(tmp_path):
     config = make_config(tmp_path, "trainer.total_steps=1")
     write_checkpoint(config, 1, 32)
-    (tmp_path / "summary.json").write_text(json.dumps({"steps": 1}))
+    (tmp_path / "summary.json").write_text(json.dumps({"last_step": 1}))
     with pytest.raises(RunAlreadyFinished, match=r"\(1 steps; .*raise trainer\.total_steps \(now 1\)\.$"):
         check_resume(config, tmp_path, NUM_PROMPTS)
     assert check_resume(make_config(tmp_path, "trainer.total_steps=2"), tmp_path,

@@ -119,8 +119,15 @@ def test_pre_ray_checks_name_the_key(brevity_model, tiny_lm):
         check_reward_model(enabled)
     with pytest.raises(ConfigError, match=r"reward.model \(kind=discriminative.*holds a causal LM"):
         check_reward_model(dataclasses.replace(enabled, path=str(tiny_lm)))
-    judge = dataclasses.replace(enabled, kind="generative", path=str(tiny_lm))
+    judge = dataclasses.replace(enabled, kind="generative", path=str(tiny_lm), prompt_template="{response}")
     check_reward_model(judge)
+    # The default template is 101 characters: with the judge's character tokenizer it cannot fit 64 positions.
+    with pytest.raises(ConfigError, match=r"^reward.model \(kind=generative, path=.*\): reward.model.prompt_template "
+                                          r"takes \d+ of the judge's tokens before any sample's text, in its chat "
+                                          r"template, and the judge's context is 64 .*no judge prompt would fit"):
+        check_reward_model(dataclasses.replace(judge, prompt_template=RewardModelConfig().prompt_template))
+    with pytest.raises(ConfigError, match=r"the judge's context is 4 \(reward.model.max_length"):
+        check_reward_model(dataclasses.replace(judge, prompt_template="{response} ok?", max_length=4))
     with pytest.raises(ConfigError, match=r"prompt_template has unknown field"):
         check_reward_model(dataclasses.replace(judge, prompt_template="{question}"))
     with pytest.raises(ConfigError, match=r"answer_parser='numbers' is neither a built-in parser"):

@@ -19,7 +19,8 @@ from asyncrl.train.forward import batched_log_probs
 
 from .helpers import make_batch, run_in_processes, trainer_config
 
-LORA = ("model.lora_rank=4", "model.lora_alpha=8", "actor.optim.lr=5e-2", "algorithm.use_kl_in_reward=true")
+LR = 5e-2
+LORA = ("model.lora_rank=4", "model.lora_alpha=8", f"actor.optim.lr={LR}", "algorithm.use_kl_in_reward=true")
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +82,17 @@ def adapters_in_order(state):
 def test_two_rank_fsdp_equals_one_rank_with_lora(model_path):
     (single,) = run_in_processes(train_and_report, 1, model_path)
     ranks = run_in_processes(train_and_report, 2, model_path)
-    # Three Adam steps at lr 5e-2 turn the ranks' different summation order into ~1e-6 differences.
-    for report in ranks:
-        for name, array in single["state"].items():
-            assert np.abs(report["state"][name] - array).max() <= 1e-5, name
+    # Two ranks reduce each gradient in another float32 order than one rank: ~1e-7 of the tensor's largest
+    # entries. AdamW moves each value by lr * m/sqrt(v), a ratio of that value's own gradients, so a value whose
+    # gradient is 100-1000x below its tensor's largest (an adapter A behind a small B) sees its ratio, hence its
+    # step, change by up to ~1e-3 of lr; the weights then differ and carry it through the 9 steps (3 updates of
+    # 3 mini-batches). Measured on a 2-core x86 VM: max 1.16e-5 (2.3e-4 lr), mean 4.2e-7 over 11,264 adapter
+    # values. A lost rank (one half of the batch trained) differs by mean 0.16, max 0.65: ~3 lr.
+    for report in ranks:  # the base weights are not trained (the first test): the adapters' differences
+        differences = np.concatenate([np.abs(report["state"][name] - array).ravel()
+                                      for name, array in single["state"].items() if is_adapter_name(name)])
+        assert differences.max() <= 1e-3 * LR and differences.mean() <= 4e-5 * LR, (differences.max(),
+                                                                                    differences.mean())
         assert report["metrics"]["lora/trainable_params"] == single["metrics"]["lora/trainable_params"]
 
 
