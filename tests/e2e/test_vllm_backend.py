@@ -4,20 +4,28 @@
 The policy is the demo's (same task, same SFT warm start on a stuttering teacher's sums) with heads of 32
 dimensions instead of 16, which vLLM's CPU attention needs. What must hold: validation accuracy rises by 0.3 in
 every mode; one_step_off's tokens are one version stale; in fully_async with partial rollout some trained samples
-carry two policy versions. Needs vLLM (`scripts/vllm_cpu_venv.sh`); three runs of 32-48 steps (~1.5 min each on 2 cores,
+carry two policy versions; a vLLM replica killed with SIGKILL mid-run is restarted and re-synced, the run finishes and
+every prompt trains once, and the killed actor's vLLM processes do not outlive it. Needs vLLM (`scripts/vllm_cpu_venv.sh`); three runs of 32-48 steps (~1.5 min each on 2 cores,
 an engine start included).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
 from pathlib import Path
 
+import psutil
+import pyarrow.parquet as parquet
 import pytest
 
 from asyncrl.data.make import make_task, write_task
-from asyncrl.launch import train
-from asyncrl.launch.demo import MODEL_SHAPE, TASK_KNOBS
+from asyncrl.launch import runtime, train
+from asyncrl.data.demo_tasks import MODEL_SHAPE, TASK_KNOBS
 from asyncrl.models import build_tiny_model
 from asyncrl.rollout.vllm.engine_args import vllm_installed
 from asyncrl.telemetry import read_metrics
@@ -86,3 +94,56 @@ def test_fully_async_with_partial_rollout_learns_on_vllm_and_resumes_samples_acr
     assert spanning, "no trained sample was interrupted by a sync"
     rows = [row for row in read_metrics(f"{config.trainer.output_dir}/metrics.jsonl") if "critic/score/mean" in row]
     assert max(row["fully_async/partial/partial_ratio"] for row in rows) > 0
+
+
+def test_a_killed_vllm_replica_is_restarted_resynced_and_every_prompt_trains_once(vllm_policy, ray_session, tmp_path,
+                                                                                 monkeypatch):
+    epoch = tmp_path / "epoch.parquet"
+    parquet.write_table(parquet.read_table(vllm_policy["train"]).slice(0, 64), epoch)
+    config = warm_config(vllm_policy, tmp_path / "run", *VLLM, f"data.train_files=[{epoch}]", "data.val_files=[]",
+                         "trainer.val_before_train=false", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8",
+                         "trainer.mode=fully_async", "async_training.trigger_parameter_sync_step=2",
+                         "async_training.staleness_threshold=0.5", "async_training.partial_rollout=true",
+                         # a restarted replica starts a vLLM engine before it can re-join the weight group
+                         "weight_sync.timeout_s=180")
+    output = Path(config.trainer.output_dir)
+    replicas, killed, orphans = [], [], []
+    launch = runtime.launch_replicas
+
+    def launch_and_keep(*args):
+        replicas.extend(launch(*args))
+        return list(replicas)
+
+    monkeypatch.setattr(runtime, "launch_replicas", launch_and_keep)
+
+    def kill_replica_after_step_2():
+        deadline = time.monotonic() + 600
+        while last_step(output) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (replica,) = replicas
+        pid = ray_session.get(replica.pid.remote(), timeout=60)
+        orphans.extend(psutil.Process(pid).children(recursive=True))   # its vLLM engine core and worker
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    killer = threading.Thread(target=kill_replica_after_step_2, daemon=True)
+    killer.start()
+    summary = train(config)
+    killer.join(timeout=10)
+    assert len(killed) == 1 and summary["steps"] == 8
+    trained = Counter(sample["prompt_id"] for samples in dumped(config.trainer.output_dir).values()
+                      for sample in samples if sample["sample_index"] == 0)
+    assert len(trained) == 64 and set(trained.values()) == {1}
+    rows = read_metrics(output / "metrics.jsonl")
+    assert max(row.get("faults/replica_restarts", 0) for row in rows) == 1
+    # The killed actor's vLLM processes (engine core, worker) went with it.
+    assert orphans
+    _, alive = psutil.wait_procs(orphans, timeout=30)
+    assert alive == [], [process.pid for process in alive]
+
+
+def last_step(output_dir: Path) -> int:
+    try:
+        return max((row["step"] for row in read_metrics(output_dir / "metrics.jsonl")), default=-1)
+    except (FileNotFoundError, ValueError):
+        return -1

@@ -94,6 +94,10 @@ class VllmReplica:
     async def pid(self) -> int:
         return os.getpid()
 
+    async def threads(self) -> tuple[int, str]:
+        """The OpenMP threads this replica gave its vLLM processes and the wait policy: logged at start."""
+        return int(os.environ["OMP_NUM_THREADS"]), os.environ.get("OMP_WAIT_POLICY", "")
+
     # ---- generation -------------------------------------------------------------------------------------
     async def generate(self, requests: list[GenerationRequest]) -> tuple[list[GenerationResult], float]:
         started = time.monotonic()
