@@ -62,10 +62,15 @@ CPU_TINY_STARTUP_S = 20.0
 CPU_TINY_SAMPLES_PER_S = 100.0
 
 
+# The tiny CPU models: 4 heads of 16 dimensions, or 2 of 32 (vLLM's CPU attention runs 32 and up).
+TINY_HEADS = {"tiny": 4, "tiny32": 2}
+
+
 def prepare(root: Path, model: str, device: str, prompts: int) -> tuple[Path, Path, Path]:
     data = write_task(make_task("arithmetic"), root / "data", prompts, 16, seed=0)
-    if model == "tiny":
+    if model in TINY_HEADS:
         folder = build_tiny_model(root / "model", family="qwen2", seed=0, hidden_size=64, num_layers=2,
+                                  num_heads=TINY_HEADS[model], num_kv_heads=TINY_HEADS[model] // 2,
                                   max_position_embeddings=512)
     else:
         # Prompts are character-tokenised; their ids are valid in any vocabulary.
@@ -90,7 +95,7 @@ def tool_workload(results_dir: Path, root: Path, latency: str) -> tuple[Path, Pa
 
 def mode_config(mode: str, folder: Path, train_file: Path, val_file: Path, output: Path,
                 options: argparse.Namespace, workload: tuple[str, ...] = ()) -> Any:
-    separated = mode != "sync"
+    separated = mode != "sync" or options.rollout_backend == "vllm"
     devices = options.devices
     trainer_devices = devices - options.rollout_devices if separated else devices
     prompts_per_step = options.prompts_per_step
@@ -105,7 +110,15 @@ def mode_config(mode: str, folder: Path, train_file: Path, val_file: Path, outpu
         "data.max_prompt_length=32", "rollout.ignore_eos=true", f'rollout.length_distribution="{options.lengths}"',
         f"trainer.total_steps={options.samples // (options.n * prompts_per_step)}", "actor.optim.lr=1e-5",
         f"actor.ppo_micro_batch_size_per_gpu={options.micro_batch}", "ray.rpc_timeout_s=900",
-        *workload, *options.overrides, *MODES[mode]])
+        *workload, *backend_overrides(mode, options.rollout_backend), *options.overrides, *MODES[mode]])
+
+
+def backend_overrides(mode: str, backend: str) -> list[str]:
+    """Where a mode generates: sync in the trainer ranks (colocated) unless the backend runs only on devices of its
+    own (vLLM: then sync's replicas get the rollout devices as the separated modes do); auto = the mode's default."""
+    if backend == "auto" or (mode == "sync" and backend == "ray_replicas"):
+        return []
+    return [f"rollout.backend={backend}"]
 
 
 def summarize(mode: str, output: Path, wall_s: float) -> dict[str, Any]:
@@ -166,7 +179,7 @@ def plan(options: argparse.Namespace) -> str:
     runs = "training run" if len(options.modes) == 1 else "training runs"
     text = (f"[bench modes] {len(options.modes)} {runs} ({', '.join(options.modes)}), each {options.samples} "
             f"samples in {steps} steps on {options.devices} {options.device} devices")
-    if options.device == "cpu" and options.model == "tiny":
+    if options.device == "cpu" and options.model in TINY_HEADS:
         estimate_s = len(options.modes) * (CPU_TINY_STARTUP_S + options.samples / CPU_TINY_SAMPLES_PER_S)
         return text + f": about {format_minutes(estimate_s)} on 2 cores (a busy machine takes longer)"
     return text + ": the time left is estimated once the first run has finished"
@@ -218,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--devices", type=int, default=2, help="devices in all (CPU: core shares)")
     parser.add_argument("--rollout-devices", type=int, default=1, help="of which the separated modes' rollout")
-    parser.add_argument("--model", default="tiny", help="tiny, qwen2.5-0.5b or qwen2.5-1.5b")
+    parser.add_argument("--model", default="tiny", help="tiny, tiny32 (heads of 32 dimensions, for vLLM on CPU), "
+                                                        "qwen2.5-0.5b or qwen2.5-1.5b")
+    parser.add_argument("--rollout-backend", default="auto", choices=["auto", "ray_replicas", "vllm"],
+                        help="the rollout engine: auto = each mode's default (asyncrl's engine), vllm = vLLM replicas "
+                             "(docs/vllm.md; on CPU with --model tiny32)")
     parser.add_argument("--samples", type=int, default=2048, help="responses per mode (the sample budget)")
     parser.add_argument("--n", type=int, default=4, help="responses per prompt")
     parser.add_argument("--prompts-per-step", type=int, default=32)

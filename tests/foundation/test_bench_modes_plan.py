@@ -7,7 +7,7 @@ from asyncrl.bench import modes
 
 def options(**overrides):
     values = dict(modes=list(modes.MODES), device="cpu", devices=2, model="tiny", samples=2048, n=4,
-                  prompts_per_step=32)
+                  prompts_per_step=32, rollout_backend="auto")
     return argparse.Namespace(**{**values, **overrides})
 
 
@@ -35,3 +35,14 @@ def test_a_single_length_budget_reaches_the_config_as_text(tmp_path):
                                tmp_path / "run", options(lengths="512", rollout_devices=1, max_response_length=512,
                                                          micro_batch=16, overrides=[]))
     assert config.rollout.length_distribution == "512"
+
+
+def test_the_vllm_backend_gives_every_mode_replicas_on_the_rollout_devices(tmp_path):
+    def config(mode, backend):
+        return modes.mode_config(mode, tmp_path / "model", tmp_path / "train.parquet", tmp_path / "val.parquet",
+                                 tmp_path / "run", options(rollout_backend=backend, lengths="24", rollout_devices=1,
+                                                           max_response_length=32, micro_batch=16, overrides=[]))
+    assert (config("sync", "auto").rollout.backend, config("sync", "auto").trainer.n_gpus_per_node) == ("auto", 2)
+    assert (config("sync", "vllm").rollout.backend, config("sync", "vllm").trainer.n_gpus_per_node) == ("vllm", 1)
+    assert config("fully_async", "vllm").rollout.backend == "vllm"
+    assert config("fully_async", "ray_replicas").rollout.backend == "ray_replicas"
