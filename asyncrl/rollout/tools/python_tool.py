@@ -15,11 +15,14 @@ out to escape gets around (docs/security.md).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from asyncrl.rollout.tools.base import CallContext, Tool, ToolError, ToolTimeout, TOOLS, function_schema
 from asyncrl.rollout.tools.isolation import isolation_problem
 from asyncrl.rollout.tools.sandbox import SandboxLimits, run_python
+
+logger = logging.getLogger(__name__)
 
 STDERR_TAIL_CHARS = 600
 UNSAFE_KEY = "unsafe_without_os_isolation"
@@ -38,6 +41,9 @@ class PythonTool(Tool):
             valid = [*SandboxLimits.__dataclass_fields__, UNSAFE_KEY, "timeout_s", "latency"]
             raise ValueError(f"python tool: unknown config keys among {sorted(config)}; valid: {valid}") from None
         self.isolated = not unsafe
+        if unsafe:
+            logger.warning("python tool %r: %s: true, its code runs without OS isolation (audit hook and limits "
+                           "only; code written to escape gets out: docs/security.md)", name, UNSAFE_KEY)
         problem = isolation_problem() if self.isolated else None
         if problem is not None:
             raise ValueError(f"python tool: tool code runs under OS isolation, which cannot start here: {problem}. "
