@@ -115,5 +115,8 @@ def engine_kwargs(config: AsyncRLConfig, device: str) -> dict[str, Any]:
     else:
         # On CPU vLLM reads gpu_memory_utilization as a share of the machine's memory: give it the KV budget.
         kwargs["kv_cache_memory_bytes"] = rollout.cpu_kv_cache_mb << 20
+        # A prompt prefilled in chunks makes vLLM rewind the request's seeded generator after each partial step,
+        # which a CPU generator cannot do (RuntimeError: CPU Generator does not use offset, 0.32): whole prefills.
+        kwargs["enable_chunked_prefill"] = False
     kwargs.update(parse_engine_args(vllm.engine_args))
     return kwargs
