@@ -16,7 +16,9 @@ stop), or when the clone holds an untracked file afterwards (everything lands un
 runs printed and wrote is checked further by the tests below: the README demo's figures, the advice, the
 train command's final validation.
 
-Cost on 2 idle cores: about N minutes in all (the README's demos, longtail runs and `bench modes` most of it).
+Cost: 23 minutes for tests/docs on the 2-core VM at load average 3-14 from other work, the tools and longtail
+warm starts included (pages, measured one by one at load ~5: README 6.5 min, lora 4.6, agents 2.9, the others
+under a minute each). The README's demos, longtail runs and `bench modes` are most of it.
 """
 
 from __future__ import annotations
