@@ -124,7 +124,12 @@ class RolloutConfig:
                                  "waste KV memory, every sequence holding whole blocks", gt=0, le=MAX_BLOCK_SIZE)
     gpu_memory_utilization: float = option(
         0.5, "fraction of device memory the engine may take on GPU, weights included", gt=0.0, le=1.0)
-    cpu_kv_cache_mb: int = option(256, "KV-cache byte budget of the engine on CPU, in MiB", gt=0)
+    cpu_kv_cache_mb: int = option(
+        0, "KV-cache byte budget of the engine on CPU, in MiB; 0 sizes it for rollout.max_num_seqs sequences of the "
+           "model's context within an eighth of the memory available at start (16 MiB to 4 GiB)", ge=0)
+    enable_prefix_caching: bool = option(
+        True, "asyncrl's engine reuses the KV of prompt prefixes computed before by the same weights (a group's "
+              "samples, an agent's turns, resumed requests); outputs are the same with it off")
     enforce_eager: bool = option(False, "disable CUDA graphs and torch.compile in the engine (eager decode steps)")
     decode_attention: DecodeAttention = option(
         "auto", "decode-attention kernel on GPU: cuda = the CUDA C++ kernel (built on first use with the CUDA "

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.algos import masked_mean
+from asyncrl.engine import GenerationResult
 from asyncrl.train.batch import TrainBatch
 
 
@@ -44,6 +45,20 @@ def sample_metrics(batch: TrainBatch, finish_reasons: Sequence[str], current_ver
     metrics |= summary("prompt_length", batch.prompt_lengths.float())
     metrics |= staleness_metrics(batch.versions, batch.response_lengths, current_version)
     return metrics
+
+
+def prefill_metrics(results: Sequence[GenerationResult]) -> dict[str, float]:
+    """How much prefill the engines' prefix caches saved on these samples (every turn of a multi-turn one):
+    `rollout/prefix_hit_rate` is the share of prefill tokens found cached, `rollout/prefill_tokens_computed` and
+    `rollout/prefill_tokens_requested` the sums; `rollout/preempted_fraction` the samples preempted at least once
+    (a KV cache too small for the batch: rollout/kv_budget.py). Empty where the backend does not count them."""
+    requested = sum(result.num_prefill_tokens for result in results)
+    if requested == 0:
+        return {}
+    cached = sum(result.num_cached_tokens for result in results)
+    return {"rollout/prefix_hit_rate": cached / requested, "rollout/prefill_tokens_requested": float(requested),
+            "rollout/prefill_tokens_computed": float(requested - cached),
+            "rollout/preempted_fraction": sum(result.num_preemptions > 0 for result in results) / len(results)}
 
 
 def advantage_metrics(batch: TrainBatch) -> dict[str, float]:

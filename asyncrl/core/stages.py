@@ -32,7 +32,7 @@ from asyncrl.core.advantage import rollout_correction
 from asyncrl.core.byo_agent import agent_samples, load_agent_runner, score_agent_samples, start_agent_runs
 from asyncrl.core.greedy_baseline import greedy_params, greedy_requests, with_greedy_results
 from asyncrl.core.lengths import LengthDistribution
-from asyncrl.core.metrics import advantage_metrics, sample_metrics
+from asyncrl.core.metrics import advantage_metrics, prefill_metrics, sample_metrics
 from asyncrl.core.records import Sample, samples_to_batch
 from asyncrl.core.requests import make_requests
 from asyncrl.core.scoring import decode_response, score_samples
@@ -200,6 +200,7 @@ class PPOCore:
     def build_batch(self, samples: Sequence[Sample], metrics: dict[str, float]) -> TrainBatch:
         batch = samples_to_batch(samples)
         metrics.update(sample_metrics(batch, [sample.result.finish_reason for sample in samples], self.version))
+        metrics.update(prefill_metrics([sample.result for sample in samples]))
         trajectories = [sample.trajectory for sample in samples if sample.trajectory is not None]
         metrics.update(agent_metrics(trajectories))   # multi-turn: turns, tool calls, tokens by source; every mode
         for name, start, end in tool_spans(trajectories):

@@ -3,9 +3,10 @@
 `PagedAttention.attend` writes the step's new keys/values into the KV cache and attends:
 - CPU (and any device without Triton): `torch_paged_attention` gathers each row's cached context through
   its block table and runs masked SDPA; exact in fp32, handles cached context of any length.
-- CUDA prefill: every prefill row starts at position 0 (preemption recomputes, sharing happens inside
-  one prefill), so attention needs only the new tokens: `dense_prefill_attention` pads them into
-  (R, T_max) rows and runs causal SDPA (flash attention in bf16).
+- CUDA prefill: where every prefill row starts at position 0, attention needs only the new tokens:
+  `dense_prefill_attention` runs the variable-length flash kernel on them (bf16) or causal SDPA on padded
+  rows. A prefill with a row that starts past a cached prefix (the prefix cache) takes the torch path, which
+  reads the cached context through the block tables.
 - CUDA decode: a `DecodeKernel` (the CUDA C++ kernel of `kernels/cuda_decode.py`, or the Triton kernel of
   `kernels/triton_decode.py`: `EngineConfig.decode_attention`) stores the new keys/values itself
   and reads KV blocks through the block table without materialising padded KV.
@@ -64,6 +65,9 @@ class AttentionMetadata:
     # (R + 1,) int32 cumulative query lengths of a prefill, whose rows' new tokens lie back to back in token
     # order: the variable-length attention kernel's row bounds. None for decodes.
     query_starts: Tensor | None = None
+    # Some prefill row starts past position 0 (its prefix's KV came from the prefix cache): its new tokens attend
+    # to cached context, which only the paged path reads.
+    has_cached_context: bool = False
 
 
 class PagedAttention:
@@ -103,7 +107,7 @@ class PagedAttention:
                                       write_slots=metadata.write_slots, row_order=metadata.row_order,
                                       rotary=rotary, programmatic=self.programmatic_decode)
         self.kv_cache.write(layer_index, key, value, metadata.write_rows, metadata.write_slots)
-        if self.decode_kernel is None:
+        if self.decode_kernel is None or metadata.has_cached_context:
             if self.context_gather is None:
                 self.context_gather = ContextGather.of(metadata, key_cache.shape[1])
             return torch_paged_attention(query, key_cache, value_cache, metadata, self.context_gather)

@@ -23,7 +23,7 @@ class EngineConfig:
     """Limits and memory budget of one `LLMEngine`.
 
     The KV cache takes `gpu_memory_utilization` x device memory minus weights and activations on CUDA,
-    `cpu_kv_cache_mb` on CPU; `num_kv_blocks` fixes the block count instead (tests, benchmarks).
+    `cpu_kv_cache_mb` on CPU (0: sized from the model and the machine); `num_kv_blocks` fixes the block count instead (tests, benchmarks).
     `max_model_len` None means the model's `max_position_embeddings`. `dtype` None means bfloat16 on
     CUDA and float32 on CPU.
     """
@@ -32,7 +32,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     gpu_memory_utilization: float = 0.5
-    cpu_kv_cache_mb: int = 256
+    cpu_kv_cache_mb: int = 0  # 0: sized from the model and the machine (`kv_cache.plan_cpu_kv_blocks`)
     num_kv_blocks: int | None = None
     max_model_len: int | None = None
     enforce_eager: bool = False
@@ -40,6 +40,10 @@ class EngineConfig:
     # Launch the next decode before postprocessing the current one, overlapping host work with the device
     # (see `LLMEngine.step`); outputs are the same either way.
     async_scheduling: bool = True
+    # Reuse the KV of full blocks whose tokens (and every token before them) were computed before, by the same
+    # weights: a group's samples admitted in different steps, an agent's next turn, a readmitted request
+    # (`block_manager.py`). Log-probs are the same with it off (bitwise on CPU in the tests).
+    enable_prefix_caching: bool = True
     # The CUDA decode-attention kernel: "cuda" (the CUDA C++ kernel of `kernels/cuda_decode.py`, built on first use;
     # an error where it cannot be built), "triton" (`kernels/triton_decode.py`), or "auto": "cuda" where it builds,
     # else "triton" with a warning that says why. Calls the CUDA kernel does not cover (fp16/fp32, split contexts,
@@ -56,10 +60,13 @@ class EngineConfig:
     dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
-        for key in ("max_num_seqs", "max_num_batched_tokens", "block_size", "cpu_kv_cache_mb"):
+        for key in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             value = getattr(self, key)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"engine.{key} must be a positive integer, got {value!r}")
+        if not isinstance(self.cpu_kv_cache_mb, int) or self.cpu_kv_cache_mb < 0:
+            raise ValueError(f"engine.cpu_kv_cache_mb must be 0 (sized automatically) or a positive integer, "
+                             f"got {self.cpu_kv_cache_mb!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"engine.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
@@ -112,5 +119,6 @@ class EngineConfig:
         return cls(max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
                    block_size=rollout.block_size, gpu_memory_utilization=rollout.gpu_memory_utilization,
                    cpu_kv_cache_mb=rollout.cpu_kv_cache_mb, enforce_eager=rollout.enforce_eager,
-                   decode_attention=rollout.decode_attention, decode_products=rollout.decode_products, device=device,
+                   decode_attention=rollout.decode_attention, decode_products=rollout.decode_products,
+                   enable_prefix_caching=rollout.enable_prefix_caching, device=device,
                    dtype=dtype, **overrides)

@@ -9,11 +9,14 @@ Sizing on CUDA (`plan_gpu_kv_cache`), with the numbers logged at start:
     kv_bytes      = budget - weights - activation peak (profiled) - CUDA-graph reserve
     kv_bytes      = min(kv_bytes, free memory after profiling - activation peak - graph reserve)
     num_blocks    = kv_bytes // bytes per block
-and on CPU num_blocks = cpu_kv_cache_mb MiB // bytes per block.
+and on CPU num_blocks = cpu_kv_cache_mb MiB // bytes per block, or with cpu_kv_cache_mb 0 (the default) what
+`plan_cpu_kv_blocks` sizes from the model and the machine: max_num_seqs sequences of max_model_len tokens, within
+an eighth of the memory available at start (at most 4 GiB, at least 16 MiB).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +33,36 @@ def bytes_per_block(config: TransformerConfig, block_size: int, dtype: torch.dty
     """Keys and values of `block_size` positions across all layers and kv heads."""
     element_size = torch.empty((), dtype=dtype).element_size()
     return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * element_size
+
+
+# The automatic CPU budget's bounds: a share of the memory available at start (an engine shares the machine
+# with its trainer and other replicas), a ceiling, and a floor that holds a few sequences of a tiny model.
+CPU_AUTO_MEMORY_SHARE = 8
+CPU_AUTO_MAX_BYTES = 4096 * MIB
+CPU_AUTO_MIN_BYTES = 16 * MIB
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable of /proc/meminfo (Linux), else the physical pages free."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def plan_cpu_kv_blocks(block_bytes: int, block_size: int, cpu_kv_cache_mb: int, max_num_seqs: int,
+                       max_model_len: int) -> int:
+    """CPU KV blocks: `cpu_kv_cache_mb` MiB when set (> 0), else enough for `max_num_seqs` sequences of
+    `max_model_len` tokens within the bounds above."""
+    if cpu_kv_cache_mb > 0:
+        return cpu_kv_cache_mb * MIB // block_bytes
+    wanted = max_num_seqs * -(-max_model_len // block_size) * block_bytes
+    ceiling = min(available_memory_bytes() // CPU_AUTO_MEMORY_SHARE, CPU_AUTO_MAX_BYTES)
+    return max(min(wanted, ceiling), CPU_AUTO_MIN_BYTES) // block_bytes
 
 
 @dataclass(frozen=True)

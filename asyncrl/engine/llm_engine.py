@@ -56,6 +56,27 @@ class StepSummary:
     num_sequences: int  # tokens sampled
     num_computed_tokens: int  # tokens run through the model (shared prompts count once)
     num_context_tokens: int  # KV positions attended, summed over rows: the KV a decode step reads
+    # A prefill's tokens, summed over its sequences (followers included): what computing each alone would cost,
+    # and of them those read from the prefix cache (a follower counts its leader's).
+    num_prefill_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class PrefillCounts:
+    """Prefill tokens since the engine started: asked for (every sequence admitted, whole), computed, and found
+    in the prefix cache. A group's followers share their leader's computed tokens, so requested - computed
+    is what the group sharing and the prefix cache together saved."""
+
+    requested: int = 0
+    computed: int = 0
+    cached: int = 0
+
+    def add(self, summary: StepSummary) -> None:
+        if summary.is_prefill:
+            self.requested += summary.num_prefill_tokens
+            self.computed += summary.num_computed_tokens
+            self.cached += summary.num_cached_tokens
 
 
 @dataclass
@@ -83,7 +104,12 @@ class LLMEngine:
         self.max_model_len = min(self.config.max_model_len or model.config.max_position_embeddings,
                                  model.config.max_position_embeddings)
         self.runner = ModelRunner(model, self.config, self.max_model_len)
-        self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, self.config.block_size)
+        # CPU GEMMs of fewer than 4 rows sum in another order than larger ones (MKL/oneDNN, fp32: results differ in
+        # the last bit), so a prefill left with 1-3 tokens by a prefix hit would write KV that differs from a
+        # whole prefill's; computing at least 4 keeps the cache's outputs bitwise those of a run without it.
+        self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, self.config.block_size,
+                                          self.config.enable_prefix_caching,
+                                          min_computed_tokens=1 if self.config.is_cuda else 4)
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
                                    frozenset(model.config.eos_token_ids), self.max_model_len)
         self._version = 0
@@ -93,6 +119,7 @@ class LLMEngine:
         self._in_flight: LaunchedStep | None = None  # a decode launched ahead, not yet postprocessed
         self._is_sleeping = False
         self.last_step: StepSummary | None = None
+        self.prefill_counts = PrefillCounts()
         if self.config.max_num_batched_tokens < self.max_model_len:
             # A recomputed sequence is prefilled whole (no chunked prefill), beyond the profiled activations.
             logger.warning("max_num_batched_tokens %d < max_model_len %d: a long sequence is still prefilled in "
@@ -179,7 +206,10 @@ class LLMEngine:
 
     def _launch(self, batch: ScheduledBatch, previous: LaunchedStep | None = None) -> LaunchedStep:
         self.last_step = _summarise(batch)
+        self.prefill_counts.add(self.last_step)
         output = self.runner.launch(batch, previous.output if previous is not None else None)
+        if batch.is_prefill:
+            self.scheduler.prefill_launched(batch)
         return LaunchedStep(batch, output, self._version)
 
     def _launch_ahead(self, current: LaunchedStep) -> LaunchedStep | None:
@@ -231,6 +261,7 @@ class LLMEngine:
         with torch.no_grad():
             num_copied = load(self.parameters)
         self.runner.weights_updated()
+        self.block_manager.clear_prefix_cache()  # cached KV was computed by the old weights
         self._version = int(version)
         return num_copied
 
@@ -246,6 +277,7 @@ class LLMEngine:
             self._complete_in_flight()
             self.scheduler.preempt_all()
             self.runner.sleep()
+            self.block_manager.clear_prefix_cache()  # the memory holding the cached KV is gone
             self._is_sleeping = True
 
     def wake(self) -> None:
@@ -273,8 +305,12 @@ def _summarise(batch: ScheduledBatch) -> StepSummary:
     else:
         rows = batch.sequences
     num_context_tokens = sum(len(sequence.token_ids) for sequence in rows) + batch.lookahead * len(rows)
-    num_computed = num_context_tokens if batch.is_prefill else len(rows)
-    return StepSummary(batch.is_prefill, batch.num_sequences, num_computed, num_context_tokens)
+    if not batch.is_prefill:
+        return StepSummary(False, batch.num_sequences, len(rows), num_context_tokens)
+    num_computed = num_context_tokens - sum(sequence.num_cached_tokens for sequence in rows)
+    return StepSummary(True, batch.num_sequences, num_computed, num_context_tokens,
+                       num_prefill_tokens=sum(len(sequence) for sequence in batch.sequences),
+                       num_cached_tokens=sum(sequence.num_cached_tokens for sequence in batch.sequences))
 
 
 def _check_placement(model: CausalLM, config: EngineConfig) -> None:

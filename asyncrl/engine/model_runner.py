@@ -24,10 +24,10 @@ from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.kernels.selection import select_kernels
 from asyncrl.engine.kv_cache import (
     CUDA_GRAPH_RESERVE_BYTES,
-    MIB,
     GpuMemoryPlan,
     KVCache,
     bytes_per_block,
+    plan_cpu_kv_blocks,
     plan_gpu_kv_cache,
 )
 from asyncrl.engine.sampler import Sampler, SamplingInputs
@@ -132,7 +132,8 @@ class ModelRunner:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
         if not self.config.is_cuda:
-            return self.config.cpu_kv_cache_mb * MIB // block_bytes
+            return plan_cpu_kv_blocks(block_bytes, self.block_size, self.config.cpu_kv_cache_mb,
+                                      self.config.max_num_seqs, self.max_model_len)
         with self.device_guard():
             self.memory_plan = self._profile_memory()
         logger.info("engine memory: %s", self.memory_plan.describe())

@@ -124,6 +124,9 @@ class GenerationResult:
     response_versions (R,) int32: the policy version that sampled each token.
     finish_reason: "stop" (EOS or a stop id, included in the response), "length" (token budget or
     context length), "abort".
+    num_prefill_tokens: tokens its prefills were asked to compute (every admission's whole sequence: a
+    preempted request is prefilled again), num_cached_tokens: of them, those found in the prefix cache,
+    num_preemptions: how often the engine preempted it for KV space. Backends without these counts leave 0.
     """
 
     request_id: str
@@ -132,6 +135,9 @@ class GenerationResult:
     response_log_probs: np.ndarray
     response_versions: np.ndarray
     finish_reason: str
+    num_prefill_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:
@@ -142,8 +148,10 @@ class GenerationResult:
         return int(self.response_ids.size)
 
     def __reduce__(self):
-        return _unpack_result, (self.request_id, self.finish_reason, *map(_pack, (
-            self.prompt_ids, self.response_ids, self.response_log_probs, self.response_versions)))
+        counts = (self.num_prefill_tokens, self.num_cached_tokens, self.num_preemptions)
+        return _unpack_result, (self.request_id, self.finish_reason, counts,
+                                *map(_pack, (self.prompt_ids, self.response_ids, self.response_log_probs,
+                                             self.response_versions)))
 
 
 def _pack(array: np.ndarray) -> tuple[str, bytes]:
@@ -155,8 +163,9 @@ def _unpack(packed: tuple[str, bytes]) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype).copy()  # writable, like the array that was pickled
 
 
-def _unpack_result(request_id: str, finish_reason: str, *arrays: tuple[str, bytes]) -> GenerationResult:
-    return GenerationResult(request_id, *map(_unpack, arrays), finish_reason)
+def _unpack_result(request_id: str, finish_reason: str, counts: tuple[int, int, int],
+                   *arrays: tuple[str, bytes]) -> GenerationResult:
+    return GenerationResult(request_id, *map(_unpack, arrays), finish_reason, *counts)
 
 
 def _unpack_request(request_id: str, params: SamplingParams, prompt_ids: tuple[str, bytes],

@@ -2,9 +2,12 @@
 
 Each step is a prefill or a decode:
 - prefill: admit waiting sequences in order while `max_num_seqs`, `max_num_batched_tokens` and free
-  blocks allow; every admitted sequence is computed from position 0 (fresh, or recomputed after a
-  preemption). Waiting sequences with exactly the same tokens (the n responses of one prompt) form a group:
-  the tokens are computed once for the first one, the leader, and the others share its full blocks.
+  blocks allow; every admitted sequence is computed from the end of its cached prefix (position 0 without
+  the prefix cache; see `block_manager.py`), fresh or recomputed after a preemption. Waiting sequences with
+  exactly the same tokens (the n responses of one prompt) form a group: the tokens are computed once for
+  the first one, the leader, and the others share its full blocks. The full blocks a prefill computes are
+  registered in the prefix cache once it is launched (`prefill_launched`), so a sequence never finds blocks
+  its own step is still to write, nor blocks of a batch that never ran.
   The first sequence of a step is admitted even if it alone exceeds `max_num_batched_tokens`. While
   sequences are running, admission leaves 1% of the blocks free for their next tokens, so that a
   sequence just preempted is not readmitted at once only to be preempted again.
@@ -87,14 +90,15 @@ class Scheduler:
             key = tuple(sequence.token_ids)
             leader_index = leader_by_tokens.get(key)
             leader = sequences[leader_index] if leader_index is not None else None
-            num_new_tokens = 0 if leader is not None else len(sequence)
+            cached = self.block_manager.cached_prefix(sequence) if leader is None else []
+            num_new_tokens = 0 if leader is not None else len(sequence) - len(cached) * self.block_manager.block_size
             if sequences and num_batched_tokens + num_new_tokens > self.max_num_batched_tokens:
                 break
             reserved = self.watermark_blocks if self.running else 0
-            needed = self.block_manager.num_blocks_to_allocate(sequence, leader)
+            needed = self.block_manager.num_blocks_to_allocate(sequence, leader, cached)
             if needed > self.block_manager.num_free_blocks - reserved:
                 break
-            self.block_manager.allocate(sequence, leader)
+            self.block_manager.allocate(sequence, leader, cached)
             self.waiting.popleft()
             sequence.status = SequenceStatus.RUNNING
             self.running.append(sequence)
@@ -105,6 +109,12 @@ class Scheduler:
             leader_indices.append(leader_index)
             num_batched_tokens += num_new_tokens
         return ScheduledBatch(sequences, leader_indices, is_prefill=True) if sequences else None
+
+    def prefill_launched(self, batch: ScheduledBatch) -> None:
+        """Registers the full blocks `batch`, a prefill now queued on the device, computes: later steps run after
+        it and may read them."""
+        for sequence in batch.sequences:
+            self.block_manager.register(sequence, len(sequence))
 
     def _schedule_decode(self) -> ScheduledBatch:
         scheduled: list[Sequence] = []

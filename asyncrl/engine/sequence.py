@@ -61,6 +61,12 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.num_preemptions = 0
+        # Leading tokens whose KV came from the prefix cache at the latest admission (not computed again), and
+        # over every admission: tokens to prefill and those of them found cached (the result reports them).
+        self.num_cached_tokens = 0
+        self.prefill_tokens_total = 0
+        self.cached_tokens_total = 0
+        self._block_hashes: list[int] = []
 
     @property
     def block_table(self) -> list[int]:
@@ -73,6 +79,12 @@ class Sequence:
         """`block_table` as int32 numpy, kept in step with it: step inputs copy it without a list conversion."""
         return self._block_array
 
+    def admitted(self, num_cached_tokens: int) -> None:
+        """Its blocks were allocated for a prefill that finds its first `num_cached_tokens` in the prefix cache."""
+        self.num_cached_tokens = num_cached_tokens
+        self.prefill_tokens_total += len(self.token_ids)
+        self.cached_tokens_total += num_cached_tokens
+
     def assign_blocks(self, block_ids: list[int]) -> None:
         self._block_ids = list(block_ids)
         self._block_array = np.asarray(self._block_ids, dtype=np.int32)
@@ -82,6 +94,16 @@ class Sequence:
         self._block_ids.append(block_id)
         self._block_array = np.append(self._block_array, np.int32(block_id))
         self.block_table_version = next(_block_table_versions)
+
+    def block_hashes(self, block_size: int, num_blocks: int) -> list[int]:
+        """The prefix-cache keys of the first `num_blocks` full blocks: block i's hash covers its tokens and,
+        through block i - 1's hash, every token before them. Tokens are only ever appended, so the hashes
+        computed so far stay valid and are extended, not recomputed."""
+        hashes = self._block_hashes
+        while len(hashes) < num_blocks:
+            start = len(hashes) * block_size
+            hashes.append(hash((hashes[-1] if hashes else 0, self.token_ids[start:start + block_size].tobytes())))
+        return hashes[:num_blocks]
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -133,4 +155,7 @@ class Sequence:
             response_log_probs=np.frombuffer(self.response_log_probs, dtype=np.float32).copy(),
             response_versions=np.frombuffer(self.response_versions, dtype=np.int32).copy(),
             finish_reason=self.finish_reason if self.finish_reason is not None else "abort",
+            num_prefill_tokens=self.prefill_tokens_total,
+            num_cached_tokens=self.cached_tokens_total,
+            num_preemptions=self.num_preemptions,
         )

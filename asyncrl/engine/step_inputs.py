@@ -1,6 +1,6 @@
 """Flattened model inputs of one step, built on the host and uploaded in a single copy.
 
-A prefill computes each group leader's tokens once (rows = leaders); a follower reuses the leader's last
+A prefill computes each group leader's tokens once, from the end of its cached prefix (rows = leaders); a follower reuses the leader's last
 hidden state for its first sample and receives the prompt's tail KV in its private last block through
 extra (row, slot) writes. A decode computes one token per sequence (rows = sequences). A decode scheduled
 ahead takes its input ids from the previous step's sampled tokens on the device, never from the host.
@@ -136,29 +136,34 @@ def _prefill_arrays(batch: ScheduledBatch, block_size: int, sink_block: int) -> 
     leaders = [batch.sequences[index] for index in leader_indices]
     row_of_leader = {index: row for row, index in enumerate(leader_indices)}
     lengths = np.asarray([len(leader) for leader in leaders], dtype=np.int64)  # (R,)
-    starts = np.concatenate([[0], np.cumsum(lengths)])  # (R + 1,)
-    positions = np.concatenate([np.arange(length) for length in lengths])
-    slots = [_slots(leader, np.arange(len(leader)), block_size) for leader in leaders]
+    cached = np.asarray([leader.num_cached_tokens for leader in leaders], dtype=np.int64)  # (R,) prefix-cache hits
+    query_lens = lengths - cached
+    starts = np.concatenate([[0], np.cumsum(query_lens)])  # (R + 1,)
+    positions = np.concatenate([np.arange(first, length) for first, length in zip(cached, lengths)])
+    slots = [_slots(leader, np.arange(first, length), block_size) for leader, first, length
+             in zip(leaders, cached, lengths)]
     rows = [np.arange(starts[-1])]
     for index, sequence in enumerate(batch.sequences):
         row = row_of_leader[batch.leader_indices[index]]
         tail = len(sequence) % block_size
         if batch.leader_indices[index] != index and tail:
+            # The tail lies past the cached prefix, which covers full blocks only.
             tail_positions = np.arange(len(sequence) - tail, len(sequence))
-            rows.append(starts[row] + tail_positions)
+            rows.append(starts[row] + tail_positions - cached[row])
             slots.append(_slots(sequence, tail_positions, block_size))
     leader_rows = np.asarray([row_of_leader[leader] for leader in batch.leader_indices], dtype=np.int64)
     return {
-        "input_ids": np.concatenate([np.asarray(leader.token_ids, dtype=np.int64) for leader in leaders]),
+        "input_ids": np.concatenate([np.asarray(leader.token_ids[first:], dtype=np.int64)
+                                     for leader, first in zip(leaders, cached)]),
         "positions": positions,
         "write_slots": np.concatenate(slots),
         "write_rows": np.concatenate(rows),
         "block_tables": _block_tables(leaders, sink_block),
         "context_lens": lengths.astype(np.int32),
-        "query_lens": lengths,
+        "query_lens": query_lens,
         "query_starts": starts.astype(np.int32),
-        "query_token_indices": np.concatenate([row * lengths.max() + np.arange(length)
-                                               for row, length in enumerate(lengths)]),
+        "query_token_indices": np.concatenate([row * query_lens.max() + np.arange(length)
+                                               for row, length in enumerate(query_lens)]),
         "last_token_indices": starts[leader_rows + 1] - 1,
     }
 
@@ -232,6 +237,7 @@ def build_step_inputs(batch: ScheduledBatch, block_size: int, block_tables_cache
         query_lens=tensors["query_lens"], query_token_indices=tensors["query_token_indices"],
         max_query_len=int(arrays["query_lens"].max()), max_context_len=int(arrays["context_lens"].max()),
         is_decode=not batch.is_prefill, num_splits=num_splits,
+        has_cached_context=batch.is_prefill and bool((arrays["query_lens"] < arrays["context_lens"]).any()),
         row_order=None if batch.is_prefill else tensors["row_order"],
         query_starts=tensors["query_starts"] if batch.is_prefill else None)
     sampling = SamplingInputs(

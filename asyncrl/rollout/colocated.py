@@ -27,6 +27,7 @@ from asyncrl.models.lora import lora_spec
 from asyncrl.remote import wait_for_all
 from asyncrl.rollout.backend import (PendingGeneration, RolloutBackend, RolloutError, RolloutHealth, WorkerOutput,
                                      spread)
+from asyncrl.rollout.kv_budget import log_kv_budget
 from asyncrl.rollout.gate import BusyClock, GatedControls, RequestGate
 from asyncrl.rollout.registry import ROLLOUT_BACKENDS, RolloutContext
 
@@ -38,6 +39,7 @@ class ColocatedEngine:
         engine_config = EngineConfig.from_rollout(config.rollout, device=device, compile=config.model.compile)
         self.engine = LLMEngine(load_policy(config.model.path, lora_spec(config), engine_config.model_dtype,
                                             engine_config.torch_device), engine_config)
+        log_kv_budget(self.engine, config, config.trainer.n_gpus_per_node * config.trainer.nnodes, "trainer engine")
         self.release_cache()
 
     def generate(self, requests: list[GenerationRequest]) -> tuple[list[GenerationResult], float]:

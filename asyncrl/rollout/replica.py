@@ -25,6 +25,7 @@ from asyncrl.config import AsyncRLConfig
 from asyncrl.engine import AsyncEngine, EngineConfig, GenerationRequest, GenerationResult, LLMEngine
 from asyncrl.models.adapted import load_policy
 from asyncrl.models.lora import lora_spec
+from asyncrl.rollout.kv_budget import log_kv_budget
 from asyncrl.rollout.weight_transport import TransferPlan, WeightReceiver, create_group
 
 
@@ -35,7 +36,9 @@ class RolloutReplica:
         device = "cuda" if torch.cuda.is_available() and config.trainer.device != "cpu" else "cpu"
         engine_config = EngineConfig.from_rollout(config.rollout, device, compile=config.model.compile)
         model = load_policy(config.model.path, lora_spec(config), engine_config.model_dtype, engine_config.torch_device)
-        self.engine = AsyncEngine(LLMEngine(model, engine_config))
+        engine = LLMEngine(model, engine_config)
+        log_kv_budget(engine, config, config.rollout.n_gpus_per_node * config.rollout.nnodes, f"rollout/replica{index}")
+        self.engine = AsyncEngine(engine)
         self.receiver: Optional[WeightReceiver] = None
         self.incarnation = uuid.uuid4().hex  # changes when Ray restarts this replica after a death
 

@@ -71,6 +71,9 @@ it from there."""
     messages: list[dict[str, Any]] = field(default_factory=list)
     calls: list[ToolCallRecord] = field(default_factory=list)
     num_turns: int = 0                   # model turns appended
+    num_prefill_tokens: int = 0          # over its model turns: prefill tokens asked for, found cached,
+    num_cached_tokens: int = 0           # and preemptions (the engine's counts: GenerationResult)
+    num_preemptions: int = 0
     finish_reason: Optional[str] = None
     partial: Optional[GenerationResult] = None   # a model turn aborted mid-generation (partial rollout resumes it)
 
@@ -83,6 +86,9 @@ it from there."""
         """The model's turn exactly as sampled (ids, log-probs, versions), mask 1; `message` is its assistant
         message (content and parsed tool calls)."""
         size = turn.num_response_tokens
+        self.num_prefill_tokens += turn.num_prefill_tokens
+        self.num_cached_tokens += turn.num_cached_tokens
+        self.num_preemptions += turn.num_preemptions
         self._extend(turn.response_ids, np.full(size, MODEL_TOKEN, np.int8), turn.response_log_probs,
                      turn.response_versions, self.num_turns)
         self.num_turns += 1
@@ -136,7 +142,8 @@ it from there."""
         "abort" while unfinished, "length" when the budget ended it, else "stop"."""
         reason = {"length": "length", None: "abort", "abort": "abort"}.get(self.finish_reason, "stop")
         return GenerationResult(self.request_id, self.prompt_ids.copy(), self.ids.copy(), self.log_probs.copy(),
-                                self.versions.copy(), reason)
+                                self.versions.copy(), reason, self.num_prefill_tokens, self.num_cached_tokens,
+                                self.num_preemptions)
 
     def num_calls(self, *statuses: str) -> int:
         """Tool calls of the trajectory (with one of `statuses`, when given)."""

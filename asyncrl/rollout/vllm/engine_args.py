@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from asyncrl.config import AsyncRLConfig, ConfigError
+from asyncrl.engine.kv_cache import bytes_per_block, plan_cpu_kv_blocks
 from asyncrl.models import read_config
 
 VLLM_INSTALL = ("rollout.backend=vllm needs vLLM in the run's Python environment: on a GPU machine "
@@ -113,10 +114,21 @@ def engine_kwargs(config: AsyncRLConfig, device: str) -> dict[str, Any]:
     if device == "cuda":
         kwargs["gpu_memory_utilization"] = rollout.gpu_memory_utilization
     else:
-        # On CPU vLLM reads gpu_memory_utilization as a share of the machine's memory: give it the KV budget.
-        kwargs["kv_cache_memory_bytes"] = rollout.cpu_kv_cache_mb << 20
+        # On CPU vLLM reads gpu_memory_utilization as a share of the machine's memory: give it the KV budget,
+        # sized as asyncrl's engine sizes its own when rollout.cpu_kv_cache_mb is 0.
+        kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(config, kwargs["max_model_len"], dtype)
         # A prompt prefilled in chunks makes vLLM rewind the request's seeded generator after each partial step,
         # which a CPU generator cannot do (RuntimeError: CPU Generator does not use offset, 0.32): whole prefills.
         kwargs["enable_chunked_prefill"] = False
     kwargs.update(parse_engine_args(vllm.engine_args))
     return kwargs
+
+
+def cpu_kv_cache_bytes(config: AsyncRLConfig, max_model_len: int, dtype: str) -> int:
+    """rollout.cpu_kv_cache_mb in bytes, or with 0 the automatic budget of asyncrl's engine for this model."""
+    block_size = config.rollout.block_size
+    model_config, _ = read_config(config.model.path)
+    block_bytes = bytes_per_block(model_config, block_size, getattr(torch, dtype))
+    num_blocks = plan_cpu_kv_blocks(block_bytes, block_size, config.rollout.cpu_kv_cache_mb,
+                                    config.rollout.max_num_seqs, max_model_len)
+    return num_blocks * block_bytes
