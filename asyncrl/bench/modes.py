@@ -141,7 +141,20 @@ def summarize(mode: str, output: Path, wall_s: float) -> dict[str, Any]:
               "rollouter_idle_ratio": mean("rollouter/idle_ratio") if mode.startswith("fully") else None}
     result.update({f"{name}_s": mean(f"timing_s/{name}") for name in TIMINGS})
     result["logprob_agreement"] = logprob_agreement(rows)
+    result["prefill"] = prefill_totals(rows)
     return result
+
+
+def prefill_totals(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Prefill tokens asked for and computed over the run, and the prefix cache's share (None where the backend
+    does not count them)."""
+    rows = [row for row in rows if "rollout/prefill_tokens_requested" in row]
+    if not rows:
+        return None
+    requested = sum(row["rollout/prefill_tokens_requested"] for row in rows)
+    computed = sum(row["rollout/prefill_tokens_computed"] for row in rows)
+    return {"requested": requested, "computed": computed, "hit_rate": 1 - computed / requested,
+            "preempted_fraction": max(row["rollout/preempted_fraction"] for row in rows)}
 
 
 def logprob_agreement(rows: list[dict[str, Any]]) -> dict[str, float] | None:

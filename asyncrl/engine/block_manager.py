@@ -7,20 +7,19 @@ count drops to 0. A partially filled last prompt block is never shared, because 
 own next tokens into it: each follower gets a private copy, filled during the same prefill by writing the
 prompt's tail KV to several slots (see `write_rows` in `attention.py`).
 
-Prefix cache (`enable_prefix_caching`): a full block a prefill computes is registered under the hash of
-its tokens and of every token before it (`Sequence.block_hashes`). A later sequence starting with the
-same full blocks (a group's sample admitted in another step, an agent's next turn, a preempted or resumed
+Prefix cache (`enable_prefix_caching`): a full block whose KV has been computed is registered under the
+hash of its tokens and of every token before it (`Sequence.block_hashes`): a prefill's blocks when it is
+launched, a sequence's decode-filled blocks when it is released. A later sequence starting with the same
+full blocks (a group's sample admitted in another step, an agent's next turn, a preempted or resumed
 request) takes them instead of computing them again. A released registered block keeps its KV and stays
 findable until its memory is needed: blocks that never held a registered prefix are handed out first, then
 registered ones, least recently released first. The cache holds KV of the current weights only:
 `clear_prefix_cache` forgets every registration when the weights change or the cache memory goes.
 
-Only prefill-computed blocks are registered, not blocks filled by decode steps: a decode computes its row's
-KV in a one-row product, which on CPU sums in another order than a prefill's many-row product (fp32 results
-differ in the last bits). With prefill blocks only, a group's samples get the outputs of a recompute (bitwise
-on the development VM's CPU in fp32); an agent's next turn computes each earlier turn's history once (the
-earlier prefill registered it), recomputing only the last response and what followed it, and matches a
-recompute to the engine's batch tolerance (CPU attention sums over a context padded to another length).
+Reused KV is what a recompute would give up to rounding: a decode step computes its row's KV in a one-row
+product and a prefill of another length pads attention differently, which on CPU changes the last bits, as
+batch composition does anyway (a group's samples, which reuse prompt blocks of a prefill of the same length,
+are bitwise those of a recompute on the development VM's CPU in fp32).
 """
 
 from __future__ import annotations
@@ -131,8 +130,8 @@ class BlockManager:
         sequence.admitted(leader.num_cached_tokens)
 
     def register(self, sequence: Sequence, num_tokens: int) -> None:
-        """Registers the full blocks among `sequence`'s first `num_tokens` positions, whose KV the prefill being
-        scheduled computes (before any later step reads it)."""
+        """Registers the full blocks among `sequence`'s first `num_tokens` positions, whose KV is computed (or is
+        being computed by a launched step, which every later step runs after)."""
         if not self.enable_prefix_caching:
             return
         num_full = min(num_tokens // self.block_size, len(sequence.block_table))
@@ -151,7 +150,11 @@ class BlockManager:
 
     def free(self, sequence: Sequence) -> None:
         """Drops the sequence's references; blocks nobody references any more are released (registered ones stay
-        findable until their memory is needed)."""
+        findable until their memory is needed). Its full blocks with computed KV (every position but the last
+        token's) are registered first, so an agent's next turn or a readmission finds them."""
+        if sequence.prefill_launched:
+            self.register(sequence, len(sequence) - 1)
+        sequence.prefill_launched = False
         for block_id in reversed(sequence.block_table):
             self.reference_counts[block_id] -= 1
             if self.reference_counts[block_id] == 0:

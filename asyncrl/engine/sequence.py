@@ -66,6 +66,8 @@ class Sequence:
         self.num_cached_tokens = 0
         self.prefill_tokens_total = 0
         self.cached_tokens_total = 0
+        # Its blocks' KV is being computed: a prefill of it was launched since they were allocated.
+        self.prefill_launched = False
         self._block_hashes: list[int] = []
 
     @property

@@ -52,8 +52,8 @@ def test_a_group_admitted_over_several_steps_computes_its_prompt_once(tiny_folde
 def test_a_three_turn_trajectory_computes_its_history_once(tiny_folder):
     """Each turn is a new request whose prompt is the trajectory so far plus a tool's answer: with the cache its
     prefill computes only what the history's full blocks do not hold. Not bitwise: the cached history's KV was
-    computed in a shorter prefill, and CPU attention's sums over the gathered context depend on its padded
-    length (the engine's own batch dependence, held to 1e-5 in test_engine_outputs)."""
+    computed by decode steps and a shorter prefill, which round differently (the engine's own batch dependence,
+    held to 1e-5 in test_engine_outputs)."""
     def run(engine):
         history, results = prompt(9), []
         for turn in range(3):
@@ -66,11 +66,12 @@ def test_a_three_turn_trajectory_computes_its_history_once(tiny_folder):
 
     cached_engine, plain_engine = make_engine(tiny_folder), make_engine(tiny_folder, enable_prefix_caching=False)
     assert_same_results(run(cached_engine), run(plain_engine), atol=1e-5)
-    # Turn prompts: 9, 9 + 7 + 5 = 21, 21 + 7 + 5 = 33 tokens. Each turn finds the full blocks its predecessor's
-    # prefill computed: 8 of turn 1's 9 tokens, 20 of turn 2's 21 (decode-filled blocks are not registered).
+    # Turn prompts: 9, 9 + 7 + 5 = 21, 21 + 7 + 5 = 33 tokens. A finished turn's KV covers every token but its last
+    # sampled one (15 of turn 1's 16 tokens, 27 of turn 2's 28): full blocks of 12 and 24 tokens, decode-filled ones
+    # included.
     assert plain_engine.prefill_counts.computed == 9 + 21 + 33
-    assert cached_engine.prefill_counts.cached == 8 + 20
-    assert cached_engine.prefill_counts.computed == 9 + (21 - 8) + (33 - 20)
+    assert cached_engine.prefill_counts.cached == 12 + 24
+    assert cached_engine.prefill_counts.computed == 9 + (21 - 12) + (33 - 24)
 
 
 def test_a_weight_update_invalidates_the_cache(tiny_folder):
