@@ -20,7 +20,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = REPO / "docs" / "figures"
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-FIGURE = re.compile(r"<!-- figure (?P<file>\S+) (?P<key>\S+) (?P<format>\S+) -->(?P<text>.*?)<!-- /figure -->", re.S)
+FIGURE = re.compile(r"<!--\s+figure\s+(?P<file>\S+)\s+(?P<key>\S+)\s+(?P<format>\S+)\s+-->(?P<text>.*?)<!-- /figure -->",
+                    re.S)
+OPENING = re.compile(r"<!--\s+figure\s")
 
 
 def cited() -> list[tuple[str, re.Match]]:
@@ -33,8 +35,9 @@ def value_at(record: dict, key: str):
     return record
 
 
-def test_the_docs_cite_figures():
+def test_the_docs_cite_figures_and_every_marker_is_read():
     assert len(cited()) >= 4
+    assert len(cited()) == sum(len(OPENING.findall(page.read_text())) for page in PAGES)
 
 
 @pytest.mark.parametrize("page, match", cited(), ids=lambda item: item if isinstance(item, str) else item.group("key"))

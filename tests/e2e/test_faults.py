@@ -22,7 +22,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -36,13 +35,7 @@ from asyncrl.recipes.errors import IncompatibleCheckpointError
 from asyncrl.recipes.fully_async.trainer import PipelineStalledError
 from asyncrl.rollout import resolve_backend
 from asyncrl.telemetry import read_metrics
-
-
-def last_step(output_dir: Path) -> int:
-    try:
-        return max((row["step"] for row in read_metrics(output_dir / "metrics.jsonl")), default=-1)
-    except (FileNotFoundError, ValueError):
-        return -1
+from tests.e2e.replica_killer import ReplicaKiller, last_step
 
 
 def trained_prompts(output_dir: Path, num_steps: int) -> Counter:
@@ -72,31 +65,10 @@ def test_killed_rollout_replica_is_restarted_resynced_and_the_run_finishes(make_
                           "async_training.trigger_parameter_sync_step=2", "async_training.staleness_threshold=0.5",
                           "async_training.partial_rollout=true", "weight_sync.timeout_s=20")
     output = Path(config.trainer.output_dir)
-    # This run's replica actors, as the runtime launches them: the fault hits this run's replica, by the process
-    # id it reports, whatever else runs on the machine.
-    replicas = []
-    original_launch = runtime.launch_replicas
-
-    def launch_replicas(*args):
-        replicas.extend(original_launch(*args))
-        return list(replicas)
-
-    monkeypatch.setattr(runtime, "launch_replicas", launch_replicas)
-    killed = []
-
-    def kill_replica_after_step_2():
-        deadline = time.monotonic() + 240
-        while last_step(output) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        (replica,) = replicas
-        pid = ray_session.get(replica.pid.remote(), timeout=60)
-        os.kill(pid, signal.SIGKILL)
-        killed.append(pid)
-
-    killer = threading.Thread(target=kill_replica_after_step_2, daemon=True)
-    killer.start()
+    killer = ReplicaKiller(monkeypatch, ray_session, output, after_step=2, timeout_s=240)
     summary = train(config)
-    killer.join(timeout=10)
+    killer.join()
+    killed = killer.killed
     assert len(killed) == 1  # this run's replica process was killed
     assert summary["steps"] == 8
     trained = trained_prompts(output, 8)

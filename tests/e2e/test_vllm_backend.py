@@ -12,10 +12,6 @@ an engine start included).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -24,13 +20,14 @@ import pyarrow.parquet as parquet
 import pytest
 
 from asyncrl.data.make import make_task, write_task
-from asyncrl.launch import runtime, train
+from asyncrl.launch import train
 from asyncrl.data.demo_tasks import DEMO_TASKS, MODEL_SHAPE, TASK_KNOBS
 from asyncrl.models import build_tiny_model
 from asyncrl.rollout.vllm.engine_args import vllm_installed
 from asyncrl.telemetry import read_metrics
 from asyncrl.train.sft import SFTSettings, run_sft
 from tests.e2e.demo_configs import warm_config
+from tests.e2e.replica_killer import ReplicaKiller
 from tests.e2e.test_agents import assert_the_tools_demo_learned
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
@@ -110,29 +107,10 @@ def test_a_killed_vllm_replica_is_restarted_resynced_and_every_prompt_trains_onc
                          # a restarted replica starts a vLLM engine before it can re-join the weight group
                          "weight_sync.timeout_s=180")
     output = Path(config.trainer.output_dir)
-    replicas, killed, orphans = [], [], []
-    launch = runtime.launch_replicas
-
-    def launch_and_keep(*args):
-        replicas.extend(launch(*args))
-        return list(replicas)
-
-    monkeypatch.setattr(runtime, "launch_replicas", launch_and_keep)
-
-    def kill_replica_after_step_2():
-        deadline = time.monotonic() + 600
-        while last_step(output) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        (replica,) = replicas
-        pid = ray_session.get(replica.pid.remote(), timeout=60)
-        orphans.extend(psutil.Process(pid).children(recursive=True))   # its vLLM engine core and worker
-        os.kill(pid, signal.SIGKILL)
-        killed.append(pid)
-
-    killer = threading.Thread(target=kill_replica_after_step_2, daemon=True)
-    killer.start()
+    killer = ReplicaKiller(monkeypatch, ray_session, output, after_step=2)
     summary = train(config)
-    killer.join(timeout=10)
+    killer.join()
+    killed, orphans = killer.killed, killer.children   # orphans: its vLLM engine core and worker
     assert len(killed) == 1 and summary["steps"] == 8
     trained = Counter(sample["prompt_id"] for samples in dumped(config.trainer.output_dir).values()
                       for sample in samples if sample["sample_index"] == 0)
@@ -143,13 +121,6 @@ def test_a_killed_vllm_replica_is_restarted_resynced_and_every_prompt_trains_onc
     assert orphans
     _, alive = psutil.wait_procs(orphans, timeout=30)
     assert alive == [], [process.pid for process in alive]
-
-
-def last_step(output_dir: Path) -> int:
-    try:
-        return max((row["step"] for row in read_metrics(output_dir / "metrics.jsonl")), default=-1)
-    except (FileNotFoundError, ValueError):
-        return -1
 
 
 def test_the_tools_demo_learns_on_vllm_in_one_step_off(ray_session, tmp_path):

@@ -16,7 +16,6 @@ import ray
 import torch
 
 from asyncrl.config import ConfigError, load_config
-from asyncrl.core.records import Sample, samples_to_batch
 from asyncrl.core.requests import make_requests
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.data.make import make_task, write_task
@@ -28,9 +27,9 @@ from asyncrl.rollout import RolloutError, resolve_backend
 from asyncrl.rollout.vllm import VllmReplicaSet
 from asyncrl.rollout.vllm.engine_args import vllm_installed
 from asyncrl.rollout.vllm.replica import VllmReplicaActor
-from asyncrl.train import PolicyUpdateSpec
 from asyncrl.train.batch import TrainBatch
 from asyncrl.train.forward import response_log_probs
+from tests.rollout.test_weight_sync import train_one_step
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed here "
                                                     "(bash scripts/vllm_cpu_venv.sh; docs/vllm.md)")]
@@ -95,18 +94,6 @@ def engine_log_probs(rollout) -> list[np.ndarray]:
 
 def max_difference(engine: list[np.ndarray], trainer: list[np.ndarray]) -> float:
     return max(float(np.abs(a - b).max()) for a, b in zip(engine, trainer))
-
-
-def train_one_step(config, trainers, rollout, prompts, salt):
-    requests = make_requests(prompts, 2, SamplingParams(max_new_tokens=6), 0, salt)
-    results = rollout.start_generate(requests).results()
-    samples = [Sample(prompts[index // 2], index // 2, index % 2, result).with_reward(float(index % 2), {}, None)
-               for index, result in enumerate(results)]
-    batch = samples_to_batch(samples)
-    batch = batch.replace(old_log_probs=batch.rollout_log_probs,
-                          advantages=(batch.token_level_scores.sum(1, keepdim=True) - 0.5) * batch.response_mask)
-    trainers.update_actor(batch, PolicyUpdateSpec.from_config(config, batch.num_rows, 0))
-    return results
 
 
 def test_after_every_sync_vllm_scores_fixed_sequences_as_the_trainer_does(setup):

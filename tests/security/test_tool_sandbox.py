@@ -181,6 +181,23 @@ def test_the_os_isolation_is_present():
     assert isolation_problem() is None
 
 
+def test_an_interpreter_installed_under_tmp_runs_in_the_sandbox(tmp_path_factory):
+    """A virtual environment under /tmp (as CI and many users make one) is bound after the sandbox's private
+    /tmp, not hidden under it: the sandbox probe from that interpreter starts and prints."""
+    venv = Path(tempfile.mkdtemp(prefix="asyncrl-venv-", dir="/tmp"))
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+                       check=True, timeout=120)
+        paths = [str(Path(__file__).resolve().parents[2]), *sys.path[1:]]
+        probe = ("import sys; sys.path[:0] = %r; from asyncrl.rollout.tools.isolation import isolation_problem; "
+                 "print(sys.prefix); print(isolation_problem())" % paths)
+        done = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True,
+                              timeout=120, check=True)
+        assert done.stdout.split("\n")[:2] == [str(venv), "None"], done.stdout + done.stderr
+    finally:
+        subprocess.run(["rm", "-rf", str(venv)], check=False)
+
+
 @pytest.mark.parametrize("name", list(PAYLOADS))
 def test_a_payload_changes_nothing_outside_and_leaves_nothing_behind(name, surroundings):
     result = run(payload(name, surroundings), isolated=True)

@@ -86,6 +86,8 @@ def bwrap_argv(bwrap: str, workdir: str, readable_files: list[str], info_fd: int
     args = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if supports_disable_userns(bwrap):
         args.append("--disable-userns")
+    # /tmp's tmpfs first: a later mount hides what lies under it, and the interpreter may live under /tmp
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     args += ["--ro-bind", "/usr", "/usr", *root_links()]
     for path in ETC_FILES:
         args += ["--ro-bind-try", path, path]
@@ -93,7 +95,7 @@ def bwrap_argv(bwrap: str, workdir: str, readable_files: list[str], info_fd: int
         args += ["--ro-bind", folder, folder]
     for path in readable_files:
         args += ["--ro-bind", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", workdir, workdir, "--chdir", workdir]
+    args += ["--bind", workdir, workdir, "--chdir", workdir]
     if info_fd is not None:
         args += ["--info-fd", str(info_fd)]
     return args

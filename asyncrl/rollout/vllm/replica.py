@@ -68,6 +68,8 @@ class VllmReplica:
         # vLLM's CPU workers bind their OpenMP threads to cores unless told not to; here cores are shared with
         # the trainer ranks, so its worker processes get this actor's share of threads and no binding.
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        # vLLM logs every pause, reload and cache reset at INFO: a line per sync per replica on the run's console.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ["OMP_NUM_THREADS"] = str(num_threads)
         torch.set_num_threads(num_threads)
         from vllm.engine.arg_utils import AsyncEngineArgs
