@@ -39,6 +39,7 @@ from asyncrl.engine.block_manager import BlockManager, num_blocks_for
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.model_runner import ModelRunner
 from asyncrl.engine.request import GenerationRequest, GenerationResult
+from asyncrl.engine.routing_log import record_step_routing
 from asyncrl.engine.scheduler import ScheduledBatch, Scheduler
 from asyncrl.engine.sequence import Sequence
 from asyncrl.engine.step_output import StepOutput
@@ -188,6 +189,9 @@ class LLMEngine:
 
     def _postprocess(self, launched: LaunchedStep) -> list[Sequence]:
         token_ids, log_probs = launched.output.wait()
+        routed = launched.output.routing()
+        if routed is not None:
+            record_step_routing(launched.batch, routed)
         return self.scheduler.postprocess(launched.batch, token_ids, log_probs, launched.version)
 
     def _complete_in_flight(self) -> None:

@@ -61,14 +61,14 @@ def fuse_projections(backbone: TransformerModel) -> None:
         for layer in backbone.layers:
             attention = layer.self_attn
             projections = [attention.q_proj, attention.k_proj, attention.v_proj]
-            attention.qkv_weight = _stack_as_views(projections, "weight")
+            attention.qkv_weight = stack_as_views(projections, "weight")
             if attention.q_proj.bias is not None:
-                attention.qkv_bias = _stack_as_views(projections, "bias")
+                attention.qkv_bias = stack_as_views(projections, "bias")
             if not layer.is_moe:  # experts keep their own products (a grouped kernel stacks them itself)
-                layer.mlp.gate_up_weight = _stack_as_views([layer.mlp.gate_proj, layer.mlp.up_proj], "weight")
+                layer.mlp.gate_up_weight = stack_as_views([layer.mlp.gate_proj, layer.mlp.up_proj], "weight")
 
 
-def _stack_as_views(modules: list[nn.Linear], name: str) -> Tensor:
+def stack_as_views(modules: list[nn.Linear], name: str) -> Tensor:
     """Concatenates `module.<name>` along dim 0 and re-registers each as a Parameter viewing its rows."""
     stacked = torch.cat([getattr(module, name) for module in modules], dim=0)
     # A plain tensor attribute, not a Parameter: compiled with dynamic=True its sizes would be symbolic, and

@@ -89,22 +89,24 @@ class SparseMoE(nn.Module):
     def forward(self, hidden: Tensor, routing: Routing | None = None) -> Tensor:
         tokens = hidden.reshape(-1, hidden.shape[-1])  # (M, hidden)
         router_logits = self.gate(tokens)  # (M, E) in the model dtype, as HF
-        expert_ids, weights = self.route(router_logits, None if routing is None
-                                         else routing.replay_for(self.layer_index, tokens.shape[0]))
+        replay_ids = None if routing is None else routing.replay_for(self.layer_index, tokens.shape[0])
+        expert_ids, weights, router_ids = self.route(router_logits, replay_ids)
         if routing is not None:
-            routing.record(self.layer_index, expert_ids, router_logits)
+            routing.record(self.layer_index, expert_ids, router_ids, router_logits)
         output = self.experts_forward(tokens, expert_ids, weights, self.experts)
         return output.view_as(hidden)
 
-    def route(self, router_logits: Tensor, replay_ids: Tensor | None) -> tuple[Tensor, Tensor]:
-        """(M, k) int64 expert ids and (M, k) fp32 weights: the router's top-k, or the replayed ids where
-        recorded (a token-layer pair whose k ids are all below num_experts)."""
+    def route(self, router_logits: Tensor, replay_ids: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """(M, k) int64 expert ids used, (M, k) fp32 weights, and (M, k) the router's own top-k: the ids used are
+        the router's top-k, or the replayed ids where recorded (a token-layer pair whose k ids are all below
+        num_experts)."""
         probabilities = torch.softmax(router_logits.float(), dim=-1)  # (M, E)
-        _, expert_ids = torch.topk(probabilities, self.top_k, dim=-1)  # (M, k)
+        _, router_ids = torch.topk(probabilities, self.top_k, dim=-1)  # (M, k)
+        expert_ids = router_ids
         if replay_ids is not None:
             recorded = (replay_ids < self.num_experts).all(dim=-1, keepdim=True)  # (M, 1)
-            expert_ids = torch.where(recorded, replay_ids.clamp(max=self.num_experts - 1), expert_ids)
+            expert_ids = torch.where(recorded, replay_ids.clamp(max=self.num_experts - 1), router_ids)
         weights = probabilities.gather(1, expert_ids)  # (M, k)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return expert_ids, weights
+        return expert_ids, weights.to(router_logits.dtype), router_ids

@@ -14,7 +14,7 @@ ids in uint8 up to 255 experts and int16 beyond; their largest value is the "not
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -36,17 +36,21 @@ def not_recorded(num_experts: int) -> int:
     return int(np.iinfo(routing_dtype(num_experts)).max)
 
 
-@dataclass
 class Routing:
     """One forward's routing: `replay_ids` (..., L, k) in the layout of the tokens (B, T or N), any integer
     dtype, ids >= num_experts route themselves; `keep_logits`: keep each layer's router logits (the
     load-balancing loss and the routing metrics read them). Filled per layer index, so a forward recomputed
-    by activation checkpointing overwrites rather than appends."""
+    by activation checkpointing overwrites rather than appends.
 
-    replay_ids: Tensor | None = None
-    keep_logits: bool = False
-    expert_ids: dict[int, Tensor] = field(default_factory=dict)     # layer -> (M, k) int64, the experts used
-    router_logits: dict[int, Tensor] = field(default_factory=dict)  # layer -> (M, E), when keep_logits
+    A plain class, not a dataclass: FSDP2 rebuilds dataclass (and dict) arguments of a forward when it casts their
+    tensors, and the layers would then record into copies."""
+
+    def __init__(self, replay_ids: Tensor | None = None, keep_logits: bool = False) -> None:
+        self.replay_ids = replay_ids
+        self.keep_logits = keep_logits
+        self.expert_ids: dict[int, Tensor] = {}     # layer -> (M, k) int64, the experts used
+        self.router_ids: dict[int, Tensor] = {}     # layer -> (M, k) int64, the router's own top-k
+        self.router_logits: dict[int, Tensor] = {}  # layer -> (M, E), when keep_logits
 
     def replay_for(self, layer_index: int, num_tokens: int) -> Tensor | None:
         """(M, k) int64 recorded ids of one layer for the M tokens of the forward, or None."""
@@ -55,8 +59,9 @@ class Routing:
         ids = self.replay_ids.reshape(num_tokens, *self.replay_ids.shape[-2:])  # (M, L, k)
         return ids[:, layer_index].long()
 
-    def record(self, layer_index: int, expert_ids: Tensor, router_logits: Tensor) -> None:
+    def record(self, layer_index: int, expert_ids: Tensor, router_ids: Tensor, router_logits: Tensor) -> None:
         self.expert_ids[layer_index] = expert_ids
+        self.router_ids[layer_index] = router_ids
         if self.keep_logits:
             self.router_logits[layer_index] = router_logits
 
@@ -64,6 +69,23 @@ class Routing:
         """(M, L, k) int64: the experts every MoE layer used for each token, layers in order."""
         return torch.stack([self.expert_ids[index] for index in sorted(self.expert_ids)], dim=1)
 
+    def stacked_router_ids(self) -> Tensor:
+        """(M, L, k) int64: the experts every MoE layer's router would pick (equal to the used ones without replay)."""
+        return torch.stack([self.router_ids[index] for index in sorted(self.router_ids)], dim=1)
+
     def stacked_router_logits(self) -> Tensor:
         """(L, M, E) float32: every MoE layer's router logits."""
         return torch.stack([self.router_logits[index].float() for index in sorted(self.router_logits)])
+
+
+def pack_routing_records(records: Sequence[np.ndarray | None], width: int) -> np.ndarray | None:
+    """(B, width, L, k): each row's record (n, L, k) (an MoE engine's `routed_experts`) then the not-recorded mark;
+    a row without a record (a trajectory, a backend that records nothing) is all marks. None when no row has one."""
+    first = next((record for record in records if record is not None), None)
+    if first is None:
+        return None
+    routed = np.full((len(records), width, *first.shape[1:]), np.iinfo(first.dtype).max, dtype=first.dtype)
+    for row, record in enumerate(records):
+        if record is not None:
+            routed[row, :record.shape[0]] = record
+    return routed

@@ -102,3 +102,15 @@ def test_unsupported_moe_configs_name_the_key(moe_folders, tmp_path):
         TransformerConfig.from_hf_dict({**hf, "sliding_window": 4096}, "x/config.json")
     with pytest.raises(ValueError, match="num_experts_per_tok must be at most num_experts"):
         TransformerConfig.from_hf_dict({**hf, "num_experts_per_tok": 5}, "x/config.json")
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_tiny_moe_builders_load_in_transformers(family, tmp_path):
+    from asyncrl.models import build_tiny_model
+    folder = build_tiny_model(tmp_path / family, family=family, hidden_size=32, num_layers=2, init_std=0.2)
+    ours = load_model(folder)
+    assert ours.config.is_moe and ours.config.num_experts == 4 and ours.config.num_experts_per_tok == 2
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    _, _, attention_mask = right_padded_batch(LENGTHS, ours.config.vocab_size, seed=3)
+    difference, spread = max_valid_difference(ours, reference, attention_mask)
+    assert difference <= 1e-5 and spread > 0.1
