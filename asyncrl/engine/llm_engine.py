@@ -39,9 +39,9 @@ from asyncrl.engine.block_manager import BlockManager, num_blocks_for
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.model_runner import ModelRunner
 from asyncrl.engine.request import GenerationRequest, GenerationResult
-from asyncrl.engine.routing_log import record_step_routing
 from asyncrl.engine.scheduler import ScheduledBatch, Scheduler
 from asyncrl.engine.sequence import Sequence
+from asyncrl.engine.step_routing import record_step_routing
 from asyncrl.engine.step_output import StepOutput
 from asyncrl.models.checkpoint_io import load_model, load_named_tensors
 from asyncrl.models.transformer import CausalLM

@@ -13,12 +13,7 @@ position without a record (the last token, which no forward has read yet).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
-
-if TYPE_CHECKING:  # the scheduler's sequences hold a RoutingLog: imported for annotations only
-    from asyncrl.engine.scheduler import ScheduledBatch
 
 
 class RoutingLog:
@@ -51,23 +46,3 @@ class RoutingLog:
         mark = np.iinfo(recorded.dtype).max
         padding = np.full((max(num_tokens - recorded.shape[0], 0), *recorded.shape[1:]), mark, dtype=recorded.dtype)
         return np.concatenate([recorded[:num_tokens], padding])
-
-
-def record_step_routing(batch: ScheduledBatch, routed: np.ndarray) -> None:
-    """Files one step's experts (N, L, k), in the order the step computed its tokens, into its sequences' logs.
-    Call before the step's sampled tokens are appended. A prefill computed each group leader's tokens from
-    position 0 (its followers hold the same tokens); a decode computed each sequence's last token."""
-    if batch.is_prefill:
-        start = 0
-        for index, sequence in enumerate(batch.sequences):
-            if batch.leader_indices[index] == index:
-                sequence.routing.record(0, routed[start:start + len(sequence)])
-                start += len(sequence)
-        for index, sequence in enumerate(batch.sequences):
-            leader = batch.sequences[batch.leader_indices[index]]
-            if leader is not sequence:
-                sequence.routing.record(0, leader.routing.as_array(len(leader))[:len(sequence)])
-        return
-    for row, sequence in enumerate(batch.sequences):
-        if not sequence.is_finished:  # a decode ahead still computes one token for a sequence that stopped
-            sequence.routing.record(len(sequence) - 1, routed[row:row + 1])
