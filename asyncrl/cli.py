@@ -1,6 +1,6 @@
 """The `asyncrl` command line.
 
-    asyncrl demo [--task TASK] [--mode MODE] [--setup-only] [--rebuild-setup] [key=value ...]
+    asyncrl demo [--task TASK] [--mode MODE] [--model-family F] [--setup-only] [--rebuild-setup] [key=value ...]
                                                   the main job on the embedded default task
     asyncrl train CONFIG.yaml [key=value ...]     train with a config file plus dotted overrides
     asyncrl sft --model DIR --data FILE --out DIR supervised warm start
@@ -31,6 +31,7 @@ from asyncrl.config import ConfigError, dump_config, load_config  # noqa: E402  
 from asyncrl.data.demo_tasks import DEFAULT_MODE, DEFAULT_TASK, DEMO_TASKS
 from asyncrl.data.reader import DatasetError
 from asyncrl.data.tasks import TASKS
+from asyncrl.models.model_config import FAMILIES
 from asyncrl.recipes.errors import IncompatibleCheckpointError
 from asyncrl.rewards.loader import RewardLoadError
 from asyncrl.serving.options import add_serve_arguments
@@ -106,12 +107,12 @@ def command_train(options: argparse.Namespace) -> int:
 def command_demo(options: argparse.Namespace) -> int:
     from asyncrl.launch.demo import prepare_setup, run_demo
     if options.setup_only:
-        setup = prepare_setup(options.out, options.task, rebuild=options.rebuild_setup)
+        setup = prepare_setup(options.out, options.task, rebuild=options.rebuild_setup, family=options.model_family)
         print(f"warm-started model: {setup.model}\ntraining prompts:   {setup.train_file}\n"
               f"validation prompts: {setup.val_file}")
         return 0
     run_demo(options.out, mode=options.mode, overrides=options.overrides, task_name=options.task,
-             rebuild_setup=options.rebuild_setup)
+             rebuild_setup=options.rebuild_setup, family=options.model_family)
     return 0
 
 
@@ -161,6 +162,9 @@ def add_demo_command(commands: argparse._SubParsersAction) -> None:
                       help=f"the demo task (default {DEFAULT_TASK}; each is described above)")
     demo.add_argument("--mode", choices=["sync", "one_step_off", "fully_async"], default=DEFAULT_MODE,
                       help=f"trainer.mode (default {DEFAULT_MODE})")
+    demo.add_argument("--model-family", choices=list(FAMILIES), default="qwen2",
+                      help="the tiny model's family (default qwen2); qwen3_moe and mixtral are mixture-of-experts "
+                           "models with 4 experts, 2 per token (docs/moe.md); setup in OUT/setup/TASK-FAMILY/")
     demo.add_argument("--setup-only", action="store_true", help="only make (or reuse) the data and the "
                       "warm-started model, and print where they are: the starting point of your own job")
     demo.add_argument("--rebuild-setup", action="store_true", help="make the data and the warm-started model "

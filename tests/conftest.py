@@ -52,9 +52,11 @@ class DemoSetup:
     output: str
 
 
-def setup_only(out: Path, task: str) -> DemoSetup:
-    """`asyncrl demo --setup-only --task TASK --out OUT` run as a user runs it (a subprocess of the CLI)."""
-    command = [sys.executable, "-m", "asyncrl.cli", "demo", "--setup-only", "--task", task, "--out", str(out)]
+def setup_only(out: Path, task: str, family: str = "qwen2") -> DemoSetup:
+    """`asyncrl demo --setup-only --task TASK --model-family FAMILY --out OUT` run as a user runs it (a subprocess
+    of the CLI)."""
+    command = [sys.executable, "-m", "asyncrl.cli", "demo", "--setup-only", "--task", task, "--model-family", family,
+               "--out", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=3600)
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"asyncrl demo --setup-only --task {task} failed:\n{output[-3000:]}"

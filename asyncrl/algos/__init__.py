@@ -19,6 +19,7 @@ from asyncrl.algos.kl import (
     kl_penalty,
 )
 from asyncrl.algos.masked import masked_mean, masked_sum, masked_whiten
+from asyncrl.algos.moe import RoutingStatistics, balance_coefficient, load_balancing_loss, routing_statistics
 from asyncrl.algos.overlong import overlong_penalty
 from asyncrl.algos.policy_losses import POLICY_LOSSES, PolicyLossSpec
 from asyncrl.algos.registry import Entry, Registry
@@ -55,9 +56,13 @@ __all__ = [
     "entropy_from_logits",
     "explained_variance",
     "kl_penalty",
+    "balance_coefficient",
+    "load_balancing_loss",
     "masked_mean",
     "masked_sum",
     "masked_whiten",
+    "routing_statistics",
+    "RoutingStatistics",
     "overlong_penalty",
     "value_loss",
 ]

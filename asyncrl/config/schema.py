@@ -132,6 +132,9 @@ class ActorConfig:
     kl_loss_coef: float = option(0.001, "coefficient of the KL loss", ge=0.0)
     kl_loss_type: str = option("low_var_kl", "KL estimator of the loss", choices=KL_ESTIMATORS)
     grad_clip: float = option(1.0, "global gradient-norm clip; <= 0 disables")
+    router_aux_loss_coef: Optional[float] = option(
+        None, "mixture-of-experts models: weight of the load-balancing loss added to the policy loss (docs/moe.md); "
+              "null = the model's config.json router_aux_loss_coef (transformers' default 0.001)", ge=0.0)
     cuda_graphs: bool = option(
         False, "one trainer rank: each update micro-batch packed at a fixed capacity and replayed from a CUDA "
                "graph (no FSDP; bf16 copies of the fp32 masters; AdamW as one Triton kernel over flat buffers, "
@@ -228,6 +231,10 @@ class AlgorithmConfig:
         RolloutCorrectionConfig, "off-policy correction between the rollout and the old/proximal policy")
     filter_groups: FilterGroupsConfig = section(
         FilterGroupsConfig, "dynamic sampling: train only groups whose rewards vary (every mode)")
+    routing_replay: bool = option(
+        False, "mixture-of-experts models: the trainer's forward uses the experts the rollout engine chose for each "
+               "token (router probabilities still the trainer's); the routing metrics are logged either way "
+               "(docs/moe.md)")
 
 
 @dataclass

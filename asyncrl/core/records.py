@@ -22,6 +22,7 @@ import torch
 
 from asyncrl.data.records import TokenizedPrompt
 from asyncrl.engine import GenerationResult
+from asyncrl.models.routing import pack_routing_records
 from asyncrl.rollout.agent import Trajectory
 from asyncrl.train.batch import TrainBatch
 
@@ -78,7 +79,7 @@ class Sample:
 def samples_to_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
     """Pack samples (in order) into a TrainBatch with rollout log-probs, versions, the response mask (0 on a
     trajectory's tool tokens) and, if scored, token-level scores (the reward sits on the last trained token)
-    and, if every sample has one, the greedy baselines (B,)."""
+    and, if every sample has one, the greedy baselines (B,), and the MoE engine's routing records (B, T, L, k)."""
     batch = TrainBatch.from_sequences([sample.result.prompt_ids.tolist() for sample in samples],
                                       [sample.result.response_ids.tolist() for sample in samples],
                                       [sample.group_index for sample in samples], pad_id)
@@ -104,4 +105,7 @@ def samples_to_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
         batch = batch.replace(token_level_scores=torch.from_numpy(scores))
     if samples and all(sample.baseline_score is not None for sample in samples):
         batch = batch.replace(reward_baselines=torch.tensor([sample.baseline_score for sample in samples]))
+    routed = pack_routing_records([sample.result.routed_experts for sample in samples], batch.input_ids.shape[1])
+    if routed is not None:
+        batch = batch.replace(routed_experts=torch.from_numpy(routed))
     return batch

@@ -41,6 +41,7 @@ from asyncrl.engine.model_runner import ModelRunner
 from asyncrl.engine.request import GenerationRequest, GenerationResult
 from asyncrl.engine.scheduler import ScheduledBatch, Scheduler
 from asyncrl.engine.sequence import Sequence
+from asyncrl.engine.step_routing import record_step_routing
 from asyncrl.engine.step_output import StepOutput
 from asyncrl.models.checkpoint_io import load_model, load_named_tensors
 from asyncrl.models.transformer import CausalLM
@@ -107,8 +108,10 @@ class LLMEngine:
         # CPU GEMMs of fewer than 4 rows sum in another order than larger ones (MKL/oneDNN, fp32: results differ in
         # the last bit), so a prefill left with 1-3 tokens by a prefix hit would write KV that differs from a
         # whole prefill's; computing at least 4 keeps the cache's outputs bitwise those of a run without it.
+        # MoE: off, because a cached prefix would come without the routing record of its positions, which routing
+        # replay needs (`routing_log.py` records what each sequence's own forwards computed).
         self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, self.config.block_size,
-                                          self.config.enable_prefix_caching,
+                                          self.config.enable_prefix_caching and not model.config.is_moe,
                                           min_computed_tokens=1 if self.config.is_cuda else 4)
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
                                    frozenset(model.config.eos_token_ids), self.max_model_len)
@@ -218,6 +221,9 @@ class LLMEngine:
 
     def _postprocess(self, launched: LaunchedStep) -> list[Sequence]:
         token_ids, log_probs = launched.output.wait()
+        routed = launched.output.routing()
+        if routed is not None:
+            record_step_routing(launched.batch, routed)
         return self.scheduler.postprocess(launched.batch, token_ids, log_probs, launched.version)
 
     def _complete_in_flight(self) -> None:

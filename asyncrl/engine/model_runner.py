@@ -41,6 +41,7 @@ from asyncrl.engine.step_inputs import (
 )
 from asyncrl.engine.step_output import StepOutput, start_download
 from asyncrl.models.compile import fuse_projections
+from asyncrl.models.routing import Routing, routing_dtype
 from asyncrl.models.transformer import CausalLM
 
 logger = logging.getLogger(__name__)
@@ -88,18 +89,29 @@ class ModelRunner:
             num_splits = self.kernels.num_splits(batch.num_sequences, self.kv_cache.num_kv_heads)
             inputs = build_step_inputs(batch, self.block_size, self.block_tables_cache, self.sampling_cache,
                                        self.device, num_splits, previous.token_ids if previous is not None else None)
-            hidden = self._forward(inputs)  # (S, hidden) at each sequence's last token
+            routing = Routing() if self.model.config.is_moe else None
+            hidden = self._forward(inputs, routing)  # (S, hidden) at each sequence's last token
             # In the model dtype: the fused sampler widens bf16 in registers (a float32 copy of (S, V) logits
             # would cost more than the sampling itself); the torch paths widen first.
             logits = self.model.lm_head(hidden)  # (S, V)
             token_ids, log_probs = self.sampler(logits, inputs.sampling)
-            return start_download(token_ids, log_probs)
+            return start_download(token_ids, log_probs, self._routed_experts(routing))
 
-    def _forward(self, inputs: StepInputs) -> Tensor:
+    def _forward(self, inputs: StepInputs, routing: Routing | None) -> Tensor:
         attention = self.kernels.attention(self.kv_cache, inputs.attention)
-        layers = self.kernels.decode_layers(self.model) if inputs.is_decode else self.model
-        hidden = layers(inputs.input_ids, inputs.positions, attention)  # (N, hidden)
+        if routing is not None:  # MoE: the model's own layers (the fused decode layers are dense-only)
+            hidden = self.model(inputs.input_ids, inputs.positions, attention, routing=routing)
+        else:
+            layers = self.kernels.decode_layers(self.model) if inputs.is_decode else self.model
+            hidden = layers(inputs.input_ids, inputs.positions, attention)  # (N, hidden)
         return hidden[inputs.last_token_indices]
+
+    def _routed_experts(self, routing: Routing | None) -> Tensor | None:
+        """(N, L, k) the experts of the step's computed tokens in the compact record dtype, or None (dense)."""
+        if routing is None:
+            return None
+        dtype = torch.uint8 if routing_dtype(self.model.config.num_experts).itemsize == 1 else torch.int16
+        return routing.stacked_expert_ids().to(dtype)
 
     def weights_updated(self) -> None:
         """Called after the model's weights were written in place: refreshes what is derived from them."""

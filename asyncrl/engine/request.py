@@ -10,7 +10,10 @@ boundaries, and numpy arrays pickle faster and smaller than tensors or lists. Re
 their arrays as raw bytes (a few µs per record instead of ~20: the fully-async pipeline moves thousands
 of short ones per step between the rollouter, the replicas and the trainer).
 
-A resumed request carries the response generated so far (ids, log-probs, versions). Its
+A mixture-of-experts engine adds `routed_experts (P + R, L, k)` to its results: the experts every layer used for
+each token as the model's input (`engine/routing_log.py`; the last token, never an input, is marked not recorded).
+
+A resumed request carries the response generated so far (ids, log-probs, versions, and the routing record). Its
 `params.max_new_tokens` is the ORIGINAL budget: the engine generates at most
 `max_new_tokens - len(response_ids)` more tokens, and its result holds the whole response.
 """
@@ -89,6 +92,7 @@ class GenerationRequest:
     response_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     response_log_probs: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
     response_versions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    routed_experts: np.ndarray | None = None  # (n, L, k) uint8/int16: the routing record so far (MoE, resumed)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", _int32_array(self.prompt_ids))
@@ -104,7 +108,7 @@ class GenerationRequest:
                 f"equal lengths, got {num_response}, {self.response_log_probs.size} and {self.response_versions.size}")
 
     def __reduce__(self):
-        return _unpack_request, (self.request_id, self.params, *map(_pack, (
+        return _unpack_request, (self.request_id, self.params, _pack_routing(self.routed_experts), *map(_pack, (
             self.prompt_ids, self.response_ids, self.response_log_probs, self.response_versions)))
 
     @classmethod
@@ -112,7 +116,7 @@ class GenerationRequest:
         """Continues `result` (typically aborted): same id and prompt, its response as the resume state.
         Pass the ORIGINAL params: the seed and the whole token budget carry over."""
         return cls(result.request_id, result.prompt_ids, params, result.response_ids,
-                   result.response_log_probs, result.response_versions)
+                   result.response_log_probs, result.response_versions, result.routed_experts)
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,6 +139,7 @@ class GenerationResult:
     response_log_probs: np.ndarray
     response_versions: np.ndarray
     finish_reason: str
+    routed_experts: np.ndarray | None = None  # (P + R, L, k) uint8/int16: MoE engines only (see the module doc)
     num_prefill_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
@@ -149,7 +154,7 @@ class GenerationResult:
 
     def __reduce__(self):
         counts = (self.num_prefill_tokens, self.num_cached_tokens, self.num_preemptions)
-        return _unpack_result, (self.request_id, self.finish_reason, counts,
+        return _unpack_result, (self.request_id, self.finish_reason, _pack_routing(self.routed_experts), counts,
                                 *map(_pack, (self.prompt_ids, self.response_ids, self.response_log_probs,
                                              self.response_versions)))
 
@@ -163,11 +168,23 @@ def _unpack(packed: tuple[str, bytes]) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype).copy()  # writable, like the array that was pickled
 
 
-def _unpack_result(request_id: str, finish_reason: str, counts: tuple[int, int, int],
-                   *arrays: tuple[str, bytes]) -> GenerationResult:
-    return GenerationResult(request_id, *map(_unpack, arrays), finish_reason, *counts)
+def _pack_routing(routed: np.ndarray | None) -> tuple[str, tuple[int, ...], bytes] | None:
+    return None if routed is None else (routed.dtype.str, routed.shape, routed.tobytes())
 
 
-def _unpack_request(request_id: str, params: SamplingParams, prompt_ids: tuple[str, bytes],
-                    *response: tuple[str, bytes]) -> GenerationRequest:
-    return GenerationRequest(request_id, _unpack(prompt_ids), params, *map(_unpack, response))
+def _unpack_routing(packed: tuple[str, tuple[int, ...], bytes] | None) -> np.ndarray | None:
+    if packed is None:
+        return None
+    dtype, shape, data = packed
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+
+
+def _unpack_result(request_id: str, finish_reason: str, routed: tuple[str, tuple[int, ...], bytes] | None,
+                   counts: tuple[int, int, int], *arrays: tuple[str, bytes]) -> GenerationResult:
+    return GenerationResult(request_id, *map(_unpack, arrays), finish_reason, _unpack_routing(routed), *counts)
+
+
+def _unpack_request(request_id: str, params: SamplingParams, routed: tuple[str, tuple[int, ...], bytes] | None,
+                    prompt_ids: tuple[str, bytes], *response: tuple[str, bytes]) -> GenerationRequest:
+    return GenerationRequest(request_id, _unpack(prompt_ids), params, *map(_unpack, response),
+                             routed_experts=_unpack_routing(routed))

@@ -10,6 +10,7 @@ from array import array
 import numpy as np
 
 from asyncrl.engine.request import GenerationRequest, GenerationResult, SamplingParams
+from asyncrl.engine.routing_log import RoutingLog
 
 # Every change of any block table gets a new number, so a cached copy of a table is stale exactly when the
 # numbers differ (see `step_inputs.BlockTableCache`).
@@ -55,6 +56,7 @@ class Sequence:
         self.token_ids = array("i", request.prompt_ids.tobytes() + request.response_ids.tobytes())
         self.response_log_probs = array("f", request.response_log_probs.tobytes())
         self.response_versions = array("i", request.response_versions.tobytes())
+        self.routing = RoutingLog(request.routed_experts)  # MoE: the experts each computed position used
         self._block_ids: list[int] = []
         self._block_array = np.zeros(0, dtype=np.int32)
         self.block_table_version = 0
@@ -157,6 +159,7 @@ class Sequence:
             response_log_probs=np.frombuffer(self.response_log_probs, dtype=np.float32).copy(),
             response_versions=np.frombuffer(self.response_versions, dtype=np.int32).copy(),
             finish_reason=self.finish_reason if self.finish_reason is not None else "abort",
+            routed_experts=self.routing.as_array(len(self.token_ids)),
             num_prefill_tokens=self.prefill_tokens_total,
             num_cached_tokens=self.cached_tokens_total,
             num_preemptions=self.num_preemptions,

@@ -17,6 +17,11 @@ class StepOutput:
     token_ids: Tensor  # (S,) int64 on the device
     packed: Tensor  # (S, 2) int32 on the host: ids and log-prob bit patterns (pinned on CUDA)
     copied: torch.cuda.Event | None  # fires once `packed` holds the values; None on CPU (already there)
+    routed_experts: Tensor | None = None  # (N, L, k) uint8/int16 on the host: MoE experts of each computed token
+
+    def routing(self) -> np.ndarray | None:
+        """The experts of the step's computed tokens (after `wait`), or None for a dense model."""
+        return None if self.routed_experts is None else self.routed_experts.numpy()
 
     def wait(self) -> tuple[list[int], list[float]]:
         """Blocks until the copy of this step (and so everything queued before it) is done."""
@@ -36,12 +41,17 @@ def recorded_event(tensor: Tensor) -> torch.cuda.Event | None:
     return event
 
 
-def start_download(token_ids: Tensor, log_probs: Tensor) -> StepOutput:
-    """The step's only device-to-host copy: ids and log-prob bit patterns packed into one int32 tensor, copied
-    without blocking into pinned memory, so the host can launch the next step before this one ends."""
+def start_download(token_ids: Tensor, log_probs: Tensor, routed_experts: Tensor | None = None) -> StepOutput:
+    """The step's device-to-host copy: ids and log-prob bit patterns packed into one int32 tensor (and, for an MoE
+    model, the experts of its tokens), copied without blocking into pinned memory, so the host can launch the next
+    step before this one ends."""
     packed = torch.stack([token_ids.to(torch.int32), log_probs.to(torch.float32).view(torch.int32)], dim=1)
     if not packed.is_cuda:
-        return StepOutput(token_ids, packed, None)
+        return StepOutput(token_ids, packed, None, routed_experts)
     host = torch.empty(packed.shape, dtype=torch.int32, pin_memory=True)
     host.copy_(packed, non_blocking=True)
-    return StepOutput(token_ids, host, recorded_event(packed))
+    routed_host = None
+    if routed_experts is not None:
+        routed_host = torch.empty(routed_experts.shape, dtype=routed_experts.dtype, pin_memory=True)
+        routed_host.copy_(routed_experts, non_blocking=True)
+    return StepOutput(token_ids, host, recorded_event(packed), routed_host)

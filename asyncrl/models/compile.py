@@ -43,7 +43,10 @@ def compile_decoder_layers(model: CausalLM | ValueModel, backend: str = "inducto
     for name in ("embed", "final_norm"):
         setattr(backbone, name, torch.compile(getattr(backbone, name), backend=backend, fullgraph=True, dynamic=True))
     for layer in model.model.layers:
-        for name in ("dense_forward", "attention_inputs", "attention_outputs"):
+        # An MoE layer's expert dispatch has data-dependent shapes (tokens per expert), which a full graph cannot
+        # hold: its MLP half stays eager, and its dense forward calls its (compiled) attention half.
+        names = ("attention_inputs",) if layer.is_moe else ("dense_forward", "attention_inputs", "attention_outputs")
+        for name in names:
             setattr(layer, name, torch.compile(getattr(layer, name), backend=backend, fullgraph=True, dynamic=True))
 
 
@@ -56,15 +59,16 @@ def fuse_projections(backbone: TransformerModel) -> None:
     separately). Call it once, after the weights are on their device and before CUDA-graph capture."""
     with torch.no_grad():
         for layer in backbone.layers:
-            attention, mlp = layer.self_attn, layer.mlp
+            attention = layer.self_attn
             projections = [attention.q_proj, attention.k_proj, attention.v_proj]
-            attention.qkv_weight = _stack_as_views(projections, "weight")
+            attention.qkv_weight = stack_as_views(projections, "weight")
             if attention.q_proj.bias is not None:
-                attention.qkv_bias = _stack_as_views(projections, "bias")
-            mlp.gate_up_weight = _stack_as_views([mlp.gate_proj, mlp.up_proj], "weight")
+                attention.qkv_bias = stack_as_views(projections, "bias")
+            if not layer.is_moe:  # experts keep their own products (a grouped kernel stacks them itself)
+                layer.mlp.gate_up_weight = stack_as_views([layer.mlp.gate_proj, layer.mlp.up_proj], "weight")
 
 
-def _stack_as_views(modules: list[nn.Linear], name: str) -> Tensor:
+def stack_as_views(modules: list[nn.Linear], name: str) -> Tensor:
     """Concatenates `module.<name>` along dim 0 and re-registers each as a Parameter viewing its rows."""
     stacked = torch.cat([getattr(module, name) for module in modules], dim=0)
     # A plain tensor attribute, not a Parameter: compiled with dynamic=True its sizes would be symbolic, and

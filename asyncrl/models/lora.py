@@ -138,6 +138,9 @@ def add_adapters(model: nn.Module, spec: LoRASpec) -> list[str]:
         for child_name, child in list(parent.named_children()):
             if child_name not in targets or isinstance(child, LoRALinear):
                 continue
+            if is_expert_name(parent_name):
+                check_expert_target(spec, f"{parent_name}.{child_name}")
+                continue
             if type(child) is not nn.Linear:
                 raise TypeError(f"LoRA target {parent_name}.{child_name} is a {type(child).__name__}, not a Linear")
             layer = LoRALinear(child.in_features, child.out_features, child.bias is not None, spec.rank, spec.scale,
@@ -152,6 +155,21 @@ def add_adapters(model: nn.Module, spec: LoRASpec) -> list[str]:
         parameter.requires_grad_(is_adapter_name(parameter_name))
     reset_adapters(model, spec)
     return adapted
+
+
+def is_expert_name(module_name: str) -> bool:
+    """Whether a module is (inside) one expert of a mixture-of-experts layer (`...mlp.experts.3`)."""
+    return ".experts." in f".{module_name}."
+
+
+def check_expert_target(spec: LoRASpec, name: str) -> None:
+    """LoRA adapts the attention projections of a mixture-of-experts model: 'all-linear' leaves its experts alone,
+    an expert projection named in model.target_modules is refused. Adapters on E experts per layer would need a
+    grouped adapter product in the engine and PEFT's names for fused expert tensors, which do not exist yet."""
+    if list(spec.target_modules) != [ALL_LINEAR]:
+        raise ValueError(f"model.target_modules {list(spec.target_modules)} adapts {name}, an expert of a "
+                         f"mixture-of-experts model: LoRA adapts the attention projections of such a model (q_proj, "
+                         f"k_proj, v_proj, o_proj; 'all-linear' means those), see docs/moe.md")
 
 
 def reset_adapters(model: nn.Module, spec: LoRASpec) -> None:

@@ -1,8 +1,10 @@
-"""The configuration of our dense transformer, read from and written to HF `config.json` dicts.
+"""The configuration of our transformer, read from and written to HF `config.json` dicts.
 
-One `TransformerConfig` describes Llama (1/2/3/3.x), Qwen2 / Qwen2.5 and Qwen3 dense models. The families
-differ only in flags: Qwen2 always has a q/k/v bias, Qwen3 has per-head q/k RMSNorm, Llama 3 may scale
-RoPE frequencies. `from_hf_dict` accepts both RoPE spellings used by `transformers` (top-level `rope_theta`
+One `TransformerConfig` describes Llama (1/2/3/3.x), Qwen2 / Qwen2.5 and Qwen3 dense models, and the
+mixture-of-experts families Qwen3-MoE and Mixtral. The families differ only in flags: Qwen2 always has a
+q/k/v bias, Qwen3 and Qwen3-MoE have per-head q/k RMSNorm, Llama 3 may scale RoPE frequencies, and the MoE
+families replace every layer's MLP by `num_experts` expert MLPs of width `moe_intermediate_size`, of which
+a router picks `num_experts_per_tok` per token (`models/moe.py`). `from_hf_dict` accepts both RoPE spellings used by `transformers` (top-level `rope_theta`
 + `rope_scaling` in 4.x files, `rope_parameters` in 5.x files); `to_hf_dict` writes both so that either
 major version loads the folder.
 
@@ -17,7 +19,9 @@ from typing import Any
 
 import torch
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+MOE_FAMILIES = ("qwen3_moe", "mixtral")
+QK_NORM_FAMILIES = ("qwen3", "qwen3_moe")
 MODEL_KINDS = ("causal_lm", "value", "reward")
 
 # HF class names by (family, kind); a value model is HF's `*ForTokenClassification` with num_labels=1, a reward
@@ -32,6 +36,12 @@ ARCHITECTURES = {
     ("llama", "reward"): "LlamaForSequenceClassification",
     ("qwen2", "reward"): "Qwen2ForSequenceClassification",
     ("qwen3", "reward"): "Qwen3ForSequenceClassification",
+    ("qwen3_moe", "causal_lm"): "Qwen3MoeForCausalLM",
+    ("qwen3_moe", "value"): "Qwen3MoeForTokenClassification",
+    ("qwen3_moe", "reward"): "Qwen3MoeForSequenceClassification",
+    ("mixtral", "causal_lm"): "MixtralForCausalLM",
+    ("mixtral", "value"): "MixtralForTokenClassification",
+    ("mixtral", "reward"): "MixtralForSequenceClassification",
 }
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -41,11 +51,18 @@ LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_m
 DEFAULT_ROPE_THETA = 10000.0
 DEFAULT_RMS_NORM_EPS = 1e-6
 QWEN3_DEFAULT_HEAD_DIM = 128
+# `transformers`' defaults of the MoE keys (Qwen3MoeConfig, MixtralConfig).
+DEFAULT_ROUTER_AUX_LOSS_COEF = 0.001
+QWEN3_MOE_DEFAULT_NUM_EXPERTS = 128
+QWEN3_MOE_DEFAULT_EXPERTS_PER_TOKEN = 8
+QWEN3_MOE_DEFAULT_EXPERT_SIZE = 768
+MIXTRAL_DEFAULT_NUM_EXPERTS = 8
+MIXTRAL_DEFAULT_EXPERTS_PER_TOKEN = 2
 
 
 @dataclasses.dataclass
 class TransformerConfig:
-    """Shape and flavour of a dense decoder-only transformer (Llama / Qwen2 / Qwen2.5 / Qwen3)."""
+    """Shape and flavour of a decoder-only transformer (Llama / Qwen2 / Qwen2.5 / Qwen3; Qwen3-MoE / Mixtral)."""
 
     model_type: str  # one of FAMILIES
     vocab_size: int
@@ -69,9 +86,22 @@ class TransformerConfig:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
+    # Mixture of experts (0 experts: a dense model). Every layer is sparse: `num_experts` SwiGLU experts of
+    # width `moe_intermediate_size`, a router (Linear(hidden, num_experts), no bias) that picks
+    # `num_experts_per_tok` of them per token by softmax probability, their outputs summed with those
+    # probabilities, renormalised over the chosen ones when `norm_topk_prob` (always for Mixtral).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    router_aux_loss_coef: float = 0.0  # the load-balancing loss weight config.json gives (actor.router_aux_loss_coef's default)
 
     def __post_init__(self) -> None:
         self.validate()
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def output_bias(self) -> bool:
@@ -107,29 +137,54 @@ class TransformerConfig:
                 f"rms_norm_eps and rope_theta must be positive, got {self.rms_norm_eps} and {self.rope_theta}")
         if self.model_type == "qwen2" and not self.attention_bias:
             raise ValueError("attention_bias must be True for model_type 'qwen2' (Qwen2 always has a q/k/v bias)")
-        if self.use_qk_norm != (self.model_type == "qwen3"):
+        if self.use_qk_norm != (self.model_type in QK_NORM_FAMILIES):
             raise ValueError(
-                f"use_qk_norm must be True exactly for model_type 'qwen3', got use_qk_norm={self.use_qk_norm} "
-                f"with model_type {self.model_type!r}")
+                f"use_qk_norm must be True exactly for model_type in {QK_NORM_FAMILIES}, got use_qk_norm="
+                f"{self.use_qk_norm} with model_type {self.model_type!r}")
         if self.rope_scaling is not None:
             _check_llama3_scaling(self.rope_scaling, "rope_scaling")
+        self._validate_experts()
+
+    def _validate_experts(self) -> None:
+        if self.model_type not in MOE_FAMILIES:
+            if self.is_moe:
+                raise ValueError(f"num_experts must be 0 for the dense model_type {self.model_type!r}, got "
+                                 f"{self.num_experts}; mixture-of-experts families: {MOE_FAMILIES}")
+            return
+        for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{key} must be a positive integer for model_type {self.model_type!r}, got {value!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok must be at most num_experts, got {self.num_experts_per_tok} and "
+                             f"{self.num_experts}")
+        if self.model_type == "mixtral" and not self.norm_topk_prob:
+            raise ValueError("norm_topk_prob must be True for model_type 'mixtral' (Mixtral renormalises the chosen "
+                             "experts' probabilities)")
+        if self.model_type == "mixtral" and self.attention_bias:
+            raise ValueError("attention_bias must be False for model_type 'mixtral'")
+        if self.router_aux_loss_coef < 0:
+            raise ValueError(f"router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef}")
 
     @classmethod
     def from_hf_dict(cls, hf: dict[str, Any], source: str = "config.json") -> TransformerConfig:
         """Reads an HF config.json dict; `source` names the file in error messages."""
         model_type, _ = architecture_of(hf, source)
-        _reject_unsupported_features(hf, source)
+        _reject_unsupported_features(hf, model_type, source)
         num_attention_heads = _require(hf, "num_attention_heads", source)
         hidden_size = _require(hf, "hidden_size", source)
+        # Qwen3's config class defaults head_dim to 128; Qwen3-MoE's has no such field (hidden / heads).
         default_head_dim = QWEN3_DEFAULT_HEAD_DIM if model_type == "qwen3" else hidden_size // num_attention_heads
         rope_theta, rope_scaling = _read_rope(hf, source)
         num_key_value_heads = hf.get("num_key_value_heads")
+        experts = _read_experts(hf, model_type, source)
         try:
             return cls(
                 model_type=model_type,
                 vocab_size=_require(hf, "vocab_size", source),
                 hidden_size=hidden_size,
-                intermediate_size=_require(hf, "intermediate_size", source),
+                intermediate_size=_require(hf, "intermediate_size", source) if model_type != "qwen3_moe"
+                else hf.get("intermediate_size", 6144),
                 num_hidden_layers=_require(hf, "num_hidden_layers", source),
                 num_attention_heads=num_attention_heads,
                 num_key_value_heads=num_key_value_heads or num_attention_heads,
@@ -139,11 +194,12 @@ class TransformerConfig:
                 rope_scaling=rope_scaling,
                 max_position_embeddings=hf.get("max_position_embeddings", 2048),
                 attention_bias=True if model_type == "qwen2" else bool(hf.get("attention_bias", False)),
-                use_qk_norm=model_type == "qwen3",
+                use_qk_norm=model_type in QK_NORM_FAMILIES,
                 tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 bos_token_id=hf.get("bos_token_id"),
                 eos_token_id=hf.get("eos_token_id"),
                 pad_token_id=hf.get("pad_token_id"),
+                **experts,
             )
         except ValueError as error:
             raise ValueError(f"{source}: {error}") from None
@@ -183,14 +239,30 @@ class TransformerConfig:
         }
         if self.model_type == "llama":
             hf.update(attention_bias=self.attention_bias, mlp_bias=False)
-        else:
+        elif self.model_type in ("qwen2", "qwen3"):
             hf.update(use_sliding_window=False, sliding_window=None, max_window_layers=self.num_hidden_layers,
                       layer_types=["full_attention"] * self.num_hidden_layers)
-        if self.model_type == "qwen3":
+        if self.model_type in QK_NORM_FAMILIES:
             hf["attention_bias"] = self.attention_bias
+        hf.update(self._experts_hf_dict())
         if kind in ("value", "reward"):
             hf.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
         return hf
+
+
+    def _experts_hf_dict(self) -> dict[str, Any]:
+        """The MoE keys in each family's own spelling (Qwen3-MoE's hub files say num_experts, Mixtral's
+        num_local_experts; Mixtral's intermediate_size is its experts' width)."""
+        shared = {"num_experts_per_tok": self.num_experts_per_tok, "router_aux_loss_coef": self.router_aux_loss_coef,
+                  "output_router_logits": False}
+        if self.model_type == "qwen3_moe":
+            return {**shared, "num_experts": self.num_experts, "moe_intermediate_size": self.moe_intermediate_size,
+                    "norm_topk_prob": self.norm_topk_prob, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                    "use_sliding_window": False, "sliding_window": None}
+        if self.model_type == "mixtral":
+            return {**shared, "num_local_experts": self.num_experts, "intermediate_size": self.moe_intermediate_size,
+                    "router_jitter_noise": 0.0, "sliding_window": None}
+        return {}
 
 
 def architecture_of(hf: dict[str, Any], source: str = "config.json") -> tuple[str, str]:
@@ -205,7 +277,7 @@ def architecture_of(hf: dict[str, Any], source: str = "config.json") -> tuple[st
         if architectures[0] not in by_name:
             raise ValueError(
                 f"{source}: architectures={architectures} is not supported; supported: {supported} "
-                f"(dense Llama / Qwen2 / Qwen2.5 / Qwen3; no MoE, no sliding window)")
+                f"(Llama / Qwen2 / Qwen2.5 / Qwen3, Qwen3-MoE / Mixtral; no sliding window)")
         family, kind = by_name[architectures[0]]
         if model_type is not None and model_type != family:
             raise ValueError(f"{source}: model_type={model_type!r} does not match architectures={architectures}")
@@ -221,7 +293,24 @@ def _require(hf: dict[str, Any], key: str, source: str) -> Any:
     return hf[key]
 
 
-def _reject_unsupported_features(hf: dict[str, Any], source: str) -> None:
+def _read_experts(hf: dict[str, Any], model_type: str, source: str) -> dict[str, Any]:
+    """The MoE fields of a Qwen3-MoE or Mixtral config.json ({} for a dense family), with `transformers`'
+    defaults for absent keys."""
+    if model_type == "qwen3_moe":
+        return dict(num_experts=hf.get("num_experts", hf.get("num_local_experts", QWEN3_MOE_DEFAULT_NUM_EXPERTS)),
+                    num_experts_per_tok=hf.get("num_experts_per_tok", QWEN3_MOE_DEFAULT_EXPERTS_PER_TOKEN),
+                    moe_intermediate_size=hf.get("moe_intermediate_size", QWEN3_MOE_DEFAULT_EXPERT_SIZE),
+                    norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+                    router_aux_loss_coef=float(hf.get("router_aux_loss_coef", DEFAULT_ROUTER_AUX_LOSS_COEF)))
+    if model_type == "mixtral":
+        return dict(num_experts=hf.get("num_local_experts", MIXTRAL_DEFAULT_NUM_EXPERTS),
+                    num_experts_per_tok=hf.get("num_experts_per_tok", MIXTRAL_DEFAULT_EXPERTS_PER_TOKEN),
+                    moe_intermediate_size=_require(hf, "intermediate_size", source), norm_topk_prob=True,
+                    router_aux_loss_coef=float(hf.get("router_aux_loss_coef", DEFAULT_ROUTER_AUX_LOSS_COEF)))
+    return {}
+
+
+def _reject_unsupported_features(hf: dict[str, Any], model_type: str, source: str) -> None:
     """Keys that would change the network in ways our transformer does not implement."""
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"{source}: hidden_act={hf['hidden_act']!r} is not supported; supported: 'silu'")
@@ -229,12 +318,23 @@ def _reject_unsupported_features(hf: dict[str, Any], source: str) -> None:
         raise ValueError(f"{source}: mlp_bias=True is not supported; supported: mlp_bias=False")
     if hf.get("use_sliding_window", False):
         raise ValueError(f"{source}: use_sliding_window=True is not supported; supported: full attention only")
+    if model_type == "mixtral" and hf.get("sliding_window") is not None:
+        raise ValueError(f"{source}: sliding_window={hf['sliding_window']} is not supported; supported: "
+                         f"sliding_window=null (full attention only)")
+    if model_type == "qwen3_moe" and (hf.get("decoder_sparse_step", 1) != 1 or hf.get("mlp_only_layers")):
+        raise ValueError(f"{source}: decoder_sparse_step={hf.get('decoder_sparse_step', 1)}, mlp_only_layers="
+                         f"{hf.get('mlp_only_layers')} (dense layers between sparse ones) is not supported; "
+                         f"supported: every layer sparse (decoder_sparse_step=1, mlp_only_layers=[])")
+    for key in ("num_experts", "num_local_experts", "moe_intermediate_size"):
+        if model_type not in MOE_FAMILIES and hf.get(key):
+            raise ValueError(f"{source}: {key}={hf[key]} (mixture of experts) is not supported for model_type "
+                             f"{model_type!r}; mixture-of-experts families: {list(MOE_FAMILIES)}")
+    if hf.get("router_jitter_noise", 0.0):
+        raise ValueError(f"{source}: router_jitter_noise={hf['router_jitter_noise']} is not supported; supported: "
+                         f"0.0 (routing noise would break the rollout/trainer agreement routing replay relies on)")
     layer_types = hf.get("layer_types") or []
     if any(layer_type != "full_attention" for layer_type in layer_types):
         raise ValueError(f"{source}: layer_types={layer_types} is not supported; supported: 'full_attention' only")
-    for key in ("num_experts", "num_local_experts", "moe_intermediate_size"):
-        if hf.get(key):
-            raise ValueError(f"{source}: {key}={hf[key]} (mixture of experts) is not supported; dense models only")
 
 
 def _read_rope(hf: dict[str, Any], source: str) -> tuple[float, dict[str, Any] | None]:

@@ -1,4 +1,5 @@
-"""The dense transformer shared by the trainer and the generation engine (Llama / Qwen2 / Qwen2.5 / Qwen3).
+"""The transformer shared by the trainer and the generation engine (Llama / Qwen2 / Qwen2.5 / Qwen3 dense,
+Qwen3-MoE / Mixtral mixture of experts).
 
 Parameter names equal HF state-dict names (`model.layers.0.self_attn.q_proj.weight`, `lm_head.weight`, ...),
 so checkpoint I/O and weight sync are plain name matches.
@@ -7,6 +8,7 @@ so checkpoint I/O and weight sync are plain name matches.
     hidden = model(input_ids, positions)          # dense: input_ids, positions (B, T), right-padded rows
     logits = model.compute_logits(hidden)         # (B, T, V) fp32; callers may pass chunks of `hidden`
     hidden = model(input_ids, positions, attention=PackedCausalAttention(cu_seqlens))  # flattened: (N,)
+    hidden = model(input_ids, positions, routing=Routing(replay_ids=recorded))  # MoE: replay, record routing
 
 `forward` returns final-normed hidden states rather than logits so that log-probs can be computed in chunks
 without materialising (B, T, V) at once.
@@ -23,33 +25,53 @@ from torch.utils.checkpoint import checkpoint
 from asyncrl.models.attention import AttentionBackend, SelfAttention
 from asyncrl.models.layers import MLPGradients, RMSNorm, SwiGLU
 from asyncrl.models.model_config import TransformerConfig
+from asyncrl.models.moe import SparseMoE
 from asyncrl.models.rope import RotaryEmbedding
+from asyncrl.models.routing import Routing
+
+# HF's name of a layer's sparse MLP where it is not `mlp`.
+SPARSE_MLP_NAMES = {"mixtral": "block_sparse_moe"}
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)); the MLP is a `SparseMoE` in MoE families."""
 
     def __init__(self, config: TransformerConfig, layer_index: int) -> None:
         super().__init__()
         self.self_attn = SelfAttention(config, layer_index)
-        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+        self.is_moe = config.is_moe
+        self.mlp_name = SPARSE_MLP_NAMES.get(config.model_type, "mlp")
+        if config.is_moe:
+            self.add_module(self.mlp_name, SparseMoE(config, layer_index))
+        else:
+            self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """The layer over a dense (B, T) batch; with an attention backend the model calls `paged_forward`."""
-        return self.dense_forward(hidden, cos, sin)
+    @property
+    def sparse_mlp(self) -> SparseMoE:
+        """The MoE block of an MoE layer (`mlp` or, in Mixtral, `block_sparse_moe`)."""
+        return self.get_submodule(self.mlp_name)
 
-    def dense_forward(self, hidden: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, routing: Routing | None = None) -> Tensor:
+        """The layer over a dense (B, T) batch; with an attention backend the model calls `paged_forward`."""
+        return self.dense_forward(hidden, cos, sin, routing)
+
+    def dense_forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, routing: Routing | None = None) -> Tensor:
         """The whole layer over a dense (B, T) batch, causal SDPA included: one graph when compiled (the
         trainer's path), so a layer costs one compiled call forward and one backward. The class's own halves
-        are called, not the instance's (possibly compiled) attributes: compiled here, they are traced inline."""
-        hidden, query, key, value = DecoderLayer.attention_inputs(self, hidden, None, cos, sin)
-        return residual_add(*DecoderLayer.attention_outputs(self, hidden, self.self_attn.attend(query, key, value,
-                                                                                                None)))
+        are called, not the instance's (possibly compiled) attributes: compiled here, they are traced inline. An
+        MoE layer's dense forward stays eager (`compile_decoder_layers`) and calls its compiled attention half."""
+        if self.is_moe:
+            hidden, query, key, value = self.attention_inputs(hidden, None, cos, sin)
+        else:
+            hidden, query, key, value = DecoderLayer.attention_inputs(self, hidden, None, cos, sin)
+        attended = self.self_attn.attend(query, key, value, None)
+        return residual_add(*DecoderLayer.attention_outputs(self, hidden, attended, None, routing))
 
     def paged_forward(self, hidden: Tensor, update: Tensor | None, cos: Tensor, sin: Tensor,
-                      attention: AttentionBackend, mlp_grads_into: MLPGradients | None = None) -> tuple[Tensor, Tensor]:
+                      attention: AttentionBackend, mlp_grads_into: MLPGradients | None = None,
+                      routing: Routing | None = None) -> tuple[Tensor, Tensor]:
         """The layer with an attention backend, its residual adds deferred: takes the stream and the previous
         layer's pending MLP output (None: none), returns the stream and this layer's MLP output.
         `mlp_grads_into`: see `SwiGLU.forward`."""
@@ -57,7 +79,7 @@ class DecoderLayer(nn.Module):
         rotates = attention.rotates
         hidden, query, key, value = self.attention_inputs(hidden, update, cos, sin, not rotates)
         attended = self.self_attn.attend(query, key, value, attention, (cos, sin) if rotates else None)
-        return self.attention_outputs(hidden, attended, mlp_grads_into)
+        return self.attention_outputs(hidden, attended, mlp_grads_into, routing)
 
     # With an attention backend the layer is split around the attention kernel, so that
     # `compile_decoder_layers` can compile the two halves (norms, projections, rotary, activation, residual
@@ -72,10 +94,13 @@ class DecoderLayer(nn.Module):
             hidden = residual_add(hidden, update)
         return (hidden, *self.self_attn.project(self.input_layernorm(hidden), cos, sin, rotate))
 
-    def attention_outputs(self, hidden: Tensor, attended: Tensor,
-                          mlp_grads_into: MLPGradients | None = None) -> tuple[Tensor, Tensor]:
-        """The stream after attention (attended heads (..., Hq * D)) and the MLP's output, not yet added."""
+    def attention_outputs(self, hidden: Tensor, attended: Tensor, mlp_grads_into: MLPGradients | None = None,
+                          routing: Routing | None = None) -> tuple[Tensor, Tensor]:
+        """The stream after attention (attended heads (..., Hq * D)) and the MLP's output, not yet added.
+        `routing`: what an MoE layer replays and records (ignored by a dense one)."""
         hidden = residual_add(hidden, self.self_attn.o_proj(attended))
+        if self.is_moe:
+            return hidden, self.sparse_mlp(self.post_attention_layernorm(hidden), routing)
         return hidden, self.mlp(self.post_attention_layernorm(hidden), mlp_grads_into)
 
 
@@ -102,11 +127,13 @@ class TransformerModel(nn.Module):
 
     def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionBackend | None = None,
                 inputs_embeds: Tensor | None = None,
-                mlp_grads_into: Sequence[MLPGradients | None] | None = None) -> Tensor:
+                mlp_grads_into: Sequence[MLPGradients | None] | None = None,
+                routing: Routing | None = None) -> Tensor:
         """input_ids/positions (B, T) with attention None, or (N,) with a backend -> hidden (..., hidden).
         `inputs_embeds` (..., hidden), as in HF: the token embeddings, looked up by the caller (the trainer's
         packed step, which adds the embedding's gradient into its fp32 master itself). `mlp_grads_into` (with
-        a backend): per layer, where its MLP's backward adds the weights' gradients (`SwiGLU.forward`)."""
+        a backend): per layer, where its MLP's backward adds the weights' gradients (`SwiGLU.forward`).
+        `routing` (MoE): the experts to replay (ids aligned with input_ids) and where the layers record theirs."""
         if mlp_grads_into is not None and (attention is None or len(mlp_grads_into) != len(self.layers)):
             raise ValueError(f"mlp_grads_into needs an attention backend and one entry per layer "
                              f"({len(self.layers)}), got {len(mlp_grads_into)}")
@@ -119,14 +146,15 @@ class TransformerModel(nn.Module):
             update = None
             for index, layer in enumerate(self.layers):
                 hidden, update = layer.paged_forward(hidden, update, cos, sin, attention,
-                                                     None if mlp_grads_into is None else mlp_grads_into[index])
+                                                     None if mlp_grads_into is None else mlp_grads_into[index],
+                                                     routing)
             return self.final_norm(hidden, update)
         use_checkpoint = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layers:
             if use_checkpoint:
-                hidden = checkpoint(layer, hidden, cos, sin, use_reentrant=False)
+                hidden = checkpoint(layer, hidden, cos, sin, routing, use_reentrant=False)
             else:
-                hidden = layer(hidden, cos, sin)
+                hidden = layer(hidden, cos, sin, routing)
         return self.norm(hidden)
 
     # The two ends of the engine's forward, outside the layers; `compile_decoder_layers` compiles them, so a
@@ -183,10 +211,11 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionBackend | None = None,
                 inputs_embeds: Tensor | None = None,
-                mlp_grads_into: Sequence[MLPGradients | None] | None = None) -> Tensor:
+                mlp_grads_into: Sequence[MLPGradients | None] | None = None,
+                routing: Routing | None = None) -> Tensor:
         """Final-normed hidden states (B, T, hidden) or (N, hidden); see `compute_logits` and
         `TransformerModel.forward`."""
-        return self.model(input_ids, positions, attention, inputs_embeds, mlp_grads_into)
+        return self.model(input_ids, positions, attention, inputs_embeds, mlp_grads_into, routing)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden (..., hidden) -> logits (..., V) in fp32 (the matmul runs in the model dtype, like HF)."""

@@ -28,6 +28,7 @@ from asyncrl.train.mini_batches import mini_batch_plan
 from asyncrl.train.nonfinite import NonFiniteGuard
 from asyncrl.train.parallel import accumulating, all_reduce_sum, local_shard, reshard_all, world_size
 from asyncrl.train.policy_loss import LossMetrics, policy_loss_terms
+from asyncrl.train.routing import router_terms, trainer_routing
 from asyncrl.train.update_spec import PolicyUpdateSpec
 
 
@@ -47,9 +48,11 @@ class FastUpdate(Protocol):
 class PolicyTrainer:
     def __init__(self, model: CausalLM, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, device: torch.device,
-                 max_consecutive_nonfinite: int = 3, fast_update: Optional[FastUpdate] = None):
+                 max_consecutive_nonfinite: int = 3, fast_update: Optional[FastUpdate] = None,
+                 routing_replay: bool = False):
         """`fast_update` (`actor.cuda_graphs`, from `fast.selection.fast_update`) runs every update micro-batch,
-        into gradients it keeps itself; `optimizer` then steps its weights."""
+        into gradients it keeps itself; `optimizer` then steps its weights. `routing_replay` (MoE): log-probs
+        computed outside an update (`compute_log_prob`) replay the rollout's experts."""
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -57,13 +60,14 @@ class PolicyTrainer:
         self.guard = NonFiniteGuard("actor", max_consecutive_nonfinite)
         self.snapshot_tensors: Optional[list[Tensor]] = None
         self.fast_update = fast_update
+        self.routing_replay = routing_replay
 
     def compute_log_prob(self, batch: TrainBatch, temperature: float, micro_batch_size: int,
                          max_tokens: Optional[int], with_entropy: bool = True) -> tuple[Tensor, Optional[Tensor]]:
         self.model.eval()
         with self.computing():
             return batched_log_probs(self.model, batch, temperature, micro_batch_size, max_tokens, with_entropy,
-                                     self.device)
+                                     self.device, self.routing_replay)
 
     def computing(self) -> contextlib.AbstractContextManager:
         """The model computes with the fast update's weights when there is one, with the masters themselves
@@ -104,12 +108,20 @@ class PolicyTrainer:
     def micro_batch_loss(self, micro: TrainBatch, token_index: Tensor, spec: PolicyUpdateSpec, num_tokens: float,
                          num_seqs: float, sums: MetricSums) -> Tensor:
         """The loss of one dense micro-batch on the device (`token_index`: its `response_token_index`); its
-        metrics go to `sums`."""
+        metrics go to `sums`. An MoE model adds its load-balancing loss, weighted by the micro-batch's share of
+        the mini-batch's rows (summed over micro-batches and ranks: the rows' mean)."""
+        routing = trainer_routing(self.model, micro, spec.routing_replay)
         log_probs, entropy = response_log_probs(self.model, micro, spec.temperature, with_entropy=True,
-                                                token_index=token_index)
+                                                token_index=token_index, routing=routing)
         terms = policy_loss_terms(log_probs, entropy, micro, spec, num_tokens, num_seqs)
         terms.metrics.record(sums)
-        return terms.loss
+        if routing is None:
+            return terms.loss
+        config = self.model.config
+        router = router_terms(routing, micro, config.num_experts)
+        router.record(sums, log_probs, micro, micro.num_rows)
+        coef = config.router_aux_loss_coef if spec.router_aux_loss_coef is None else spec.router_aux_loss_coef
+        return terms.loss + coef * router.aux_loss * (micro.num_rows / max(num_seqs, 1.0))
 
     def begin_accumulation(self) -> None:
         """Gradients zeroed before a step's micro-batches (by the fast update where it keeps them)."""

@@ -7,6 +7,10 @@ token j, which sits at input position `prompt_lengths[i] + j`. The left-aligned 
 run plain causal attention (valid tokens never see the right padding), which is exact and, on GPU,
 flash attention.
 
+A mixture-of-experts rollout adds `routed_experts (B, T, L, k)`: per input token, layer and slot, the expert the
+engine used (uint8 up to 254 experts, int16 beyond; the dtype's largest value marks a token it did not record,
+e.g. padding), aligned with `input_ids` (see `asyncrl.models.routing`).
+
 Fields stages add later are optional; a stage that needs one calls `batch.need("advantages", "update_actor")`
 which fails with a message naming the stage that should have run first.
 
@@ -25,6 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+# Fields laid out like input_ids (B, T, ...), cut and padded along T.
+TOKEN_FIELDS = ("input_ids", "routed_experts")
 OPTIONAL_RESPONSE_FIELDS = (
     "rollout_log_probs", "old_log_probs", "ref_log_probs", "values", "token_level_scores", "token_level_rewards",
     "advantages", "returns", "rollout_is_weights", "versions",
@@ -49,6 +55,7 @@ class TrainBatch:
     rollout_is_weights: Optional[Tensor] = None      # (B, R) float32: off-policy importance weights
     versions: Optional[Tensor] = None                # (B, R) int64: policy version that sampled each token
     reward_baselines: Optional[Tensor] = None        # (B,) float32: reward of the prompt's greedy response (remax)
+    routed_experts: Optional[Tensor] = None          # (B, T, L, k) uint8/int16: the rollout's experts per input token
 
     def __post_init__(self) -> None:
         num_rows = self.input_ids.shape[0]
@@ -62,6 +69,10 @@ class TrainBatch:
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != response_shape:
                 raise ValueError(f"TrainBatch.{name} must have shape {response_shape}, got {tuple(value.shape)}")
+        if self.routed_experts is not None and (self.routed_experts.dim() != 4
+                                                or self.routed_experts.shape[:2] != self.input_ids.shape):
+            raise ValueError(f"TrainBatch.routed_experts must have shape ({num_rows}, {self.input_ids.shape[1]}, L, k),"
+                             f" got {tuple(self.routed_experts.shape)}")
 
     @classmethod
     def from_sequences(cls, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
@@ -125,7 +136,7 @@ class TrainBatch:
             tensor = getattr(self, field.name)
             if tensor is None:
                 values[field.name] = None
-            elif field.name == "input_ids":
+            elif field.name in TOKEN_FIELDS:
                 values[field.name] = tensor[index, :total]
             elif tensor.dim() == 2:
                 values[field.name] = tensor[index, :max_response]
@@ -152,8 +163,8 @@ class TrainBatch:
                     raise ValueError(f"TrainBatch.concat: {field.name} is set in some batches only")
                 values[field.name] = None
                 continue
-            if field.name == "input_ids":
-                parts = [pad_columns(part, total) for part in parts]
+            if field.name in TOKEN_FIELDS:
+                parts = [pad_tokens(part, total) for part in parts]
             elif parts[0].dim() == 2:
                 parts = [pad_columns(part, max_response) for part in parts]
             values[field.name] = torch.cat(parts)
@@ -181,6 +192,16 @@ def move_tensor(tensor: Tensor, device: torch.device) -> Tensor:
     if device.type == "cuda" and tensor.device.type == "cpu":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
+
+
+def pad_tokens(tensor: Tensor, width: int) -> Tensor:
+    """Right-pad a token field (B, W, ...) to (B, width, ...): input ids with 0, routed experts with the mark of
+    a token not recorded (the dtype's largest value)."""
+    if tensor.shape[1] >= width:
+        return tensor
+    fill = 0 if tensor.dim() == 2 else torch.iinfo(tensor.dtype).max
+    padding = tensor.new_full((tensor.shape[0], width - tensor.shape[1], *tensor.shape[2:]), fill)
+    return torch.cat([tensor, padding], dim=1)
 
 
 def pad_columns(tensor: Tensor, width: int) -> Tensor:

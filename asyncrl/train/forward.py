@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.models import CausalLM, ValueModel
+from asyncrl.models.routing import Routing
 from asyncrl.train.batch import TrainBatch, move_tensor
 from asyncrl.train.fast.selection import lm_head_kernels
 from asyncrl.train.lm_head import token_log_probs_and_entropy
@@ -44,10 +45,12 @@ def with_token_index(micro: TrainBatch, device: torch.device) -> tuple[TrainBatc
 
 
 def response_log_probs(model: CausalLM, batch: TrainBatch, temperature: float, with_entropy: bool,
-                       token_index: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
+                       token_index: Optional[Tensor] = None,
+                       routing: Optional[Routing] = None) -> tuple[Tensor, Optional[Tensor]]:
     """log-probs (B, R) of the response tokens (0 in padding columns) and, if asked, entropies (B, R).
-    `token_index` is the batch's `response_token_index` when the caller has it (`with_token_index`)."""
-    hidden = model(batch.input_ids, dense_positions(batch.input_ids))  # (B, T, H)
+    `token_index` is the batch's `response_token_index` when the caller has it (`with_token_index`). `routing`
+    (MoE, `train/routing.py`): the experts to replay, and where the layers record theirs."""
+    hidden = model(batch.input_ids, dense_positions(batch.input_ids), routing=routing)  # (B, T, H)
     if token_index is None:
         token_index = response_token_index(batch.response_mask)
     rows, columns = token_index.unbind(1)  # (N,) each
@@ -71,13 +74,15 @@ def response_values(model: ValueModel, batch: TrainBatch) -> Tensor:
 
 @torch.no_grad()
 def batched_log_probs(model: CausalLM, batch: TrainBatch, temperature: float, micro_batch_size: int,
-                      max_tokens: Optional[int], with_entropy: bool,
-                      device: torch.device) -> tuple[Tensor, Optional[Tensor]]:
-    """Log-probs (and entropies) (B, R) of a whole batch on the host, computed micro-batch by micro-batch."""
+                      max_tokens: Optional[int], with_entropy: bool, device: torch.device,
+                      routing_replay: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+    """Log-probs (and entropies) (B, R) of a whole batch on the host, computed micro-batch by micro-batch;
+    `routing_replay`: an MoE model uses the batch's `routed_experts`."""
     log_prob_parts, entropy_parts = [], []
     for rows, micro in micro_batches(batch, micro_batch_size, max_tokens, device):
         on_device, token_index = with_token_index(micro, device)
-        log_probs, entropy = response_log_probs(model, on_device, temperature, with_entropy, token_index)
+        routing = Routing(replay_ids=on_device.routed_experts) if routing_replay and model.config.is_moe else None
+        log_probs, entropy = response_log_probs(model, on_device, temperature, with_entropy, token_index, routing)
         log_prob_parts.append((rows, log_probs))
         if entropy is not None:
             entropy_parts.append((rows, entropy))

@@ -46,6 +46,10 @@ class PolicyUpdateSpec:
     ppo_kl_coef: float = 0.1
     tau_pos: float = 1.0                # sapo's gate temperatures, for A > 0 and A <= 0
     tau_neg: float = 1.05
+    # Mixture-of-experts models (`train/routing.py`): replay the rollout's experts; the load-balancing loss weight
+    # (None: the model's config.json router_aux_loss_coef).
+    routing_replay: bool = False
+    router_aux_loss_coef: Optional[float] = None
 
     @classmethod
     def from_config(cls, config: AsyncRLConfig, num_rows: int, step: int) -> "PolicyUpdateSpec":
@@ -73,7 +77,8 @@ class PolicyUpdateSpec:
             clip_cov_ratio=actor.policy_loss.clip_cov_ratio, clip_cov_lb=actor.policy_loss.clip_cov_lb,
             clip_cov_ub=actor.policy_loss.clip_cov_ub, kl_cov_ratio=actor.policy_loss.kl_cov_ratio,
             ppo_kl_coef=actor.policy_loss.ppo_kl_coef, tau_pos=actor.policy_loss.tau_pos,
-            tau_neg=actor.policy_loss.tau_neg,
+            tau_neg=actor.policy_loss.tau_neg, routing_replay=config.algorithm.routing_replay,
+            router_aux_loss_coef=actor.router_aux_loss_coef,
         )
 
 

@@ -86,7 +86,8 @@ class TrainerWorker:
         update = fast_update(model, actor, self.param_dtype, self.device)
         optimizer = build_optimizer(model, actor.optim) if update is None else update.optimizer
         return PolicyTrainer(model, optimizer, build_scheduler(optimizer, actor.optim, total_steps), self.device,
-                             self.config.trainer.max_consecutive_nonfinite, fast_update=update)
+                             self.config.trainer.max_consecutive_nonfinite, fast_update=update,
+                             routing_replay=self.config.algorithm.routing_replay)
 
     def build_reference(self) -> CausalLM:
         model = self.load(self.config.model.path, "causal_lm")

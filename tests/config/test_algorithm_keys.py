@@ -7,6 +7,7 @@ import torch
 
 from asyncrl.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, REJECTION_LEVELS, ROLLOUT_CORRECTION_PRESETS
 from asyncrl.config import ConfigError, load_config
+from asyncrl.rollout import resolve_backend
 from asyncrl.train import PolicyUpdateSpec, TrainBatch
 from asyncrl.train.policy_loss import policy_loss_terms
 
@@ -120,3 +121,15 @@ def test_the_overlong_buffer_lies_within_the_token_budget():
                                               rf"reward\.overlong_buffer\.enable=true, got {length}"):
             load_config(None, ["reward.overlong_buffer.enable=true", f"reward.overlong_buffer.len={length}",
                                "data.max_response_length=64"])
+
+
+def test_moe_keys_reach_the_update_and_vllm_refuses_routing_replay():
+    spec = PolicyUpdateSpec.from_config(load_config(None, ["algorithm.routing_replay=true",
+                                                           "actor.router_aux_loss_coef=0.01"]), 8, step=0)
+    assert spec.routing_replay and spec.router_aux_loss_coef == 0.01
+    assert PolicyUpdateSpec.from_config(load_config(None, []), 8, step=0).router_aux_loss_coef is None  # config.json's
+    with pytest.raises(ConfigError, match=r"actor\.router_aux_loss_coef"):
+        load_config(None, ["actor.router_aux_loss_coef=-1"])
+    config = load_config(None, ["rollout.backend=vllm", "trainer.mode=fully_async", "algorithm.routing_replay=true"])
+    with pytest.raises(ConfigError, match=r"rollout.backend=vllm with algorithm.routing_replay=true"):
+        resolve_backend(config)

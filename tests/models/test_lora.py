@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from asyncrl.models import fuse_projections, load_model
+from asyncrl.models import build_tiny_model, fuse_projections, load_model
 from asyncrl.models.lora import (PROJECTIONS, LoRALinear, LoRASpec, adapters_disabled, add_adapters, count_parameters,
                                  is_adapter_name, merge_adapters)
 from asyncrl.models.peft_io import load_peft_adapter, save_peft_adapter
@@ -166,3 +166,15 @@ def test_peft_loads_our_adapter_and_gives_our_logits(family_folders, tmp_path, c
     assert loaded_spec.targets == spec.targets and loaded_spec.scale == spec.scale
     assert all(torch.equal(tensors[name], parameter) for name, parameter in model.named_parameters()
                if is_adapter_name(name))
+
+
+def test_lora_on_a_mixture_of_experts_model_adapts_attention_and_refuses_expert_projections(tmp_path):
+    model = load_model(build_tiny_model(tmp_path / "moe", family="qwen3_moe", num_layers=2))
+    adapted = add_adapters(model, LoRASpec(rank=4, alpha=8.0, target_modules=("all-linear",)))
+    assert sorted(adapted) == sorted(f"model.layers.{layer}.self_attn.{name}" for layer in range(2)
+                                     for name in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    assert trainable and all("lora_" in name and "experts" not in name for name in trainable)
+    fresh = load_model(tmp_path / "moe")
+    with pytest.raises(ValueError, match=r"adapts model.layers.0.mlp.experts.0.gate_proj, an expert of a mixture"):
+        add_adapters(fresh, LoRASpec(rank=4, alpha=8.0, target_modules=("q_proj", "gate_proj")))

@@ -80,7 +80,7 @@ def test_qwen3_defaults_head_dim_to_128_like_transformers():
 
 
 @pytest.mark.parametrize("change, expected", [
-    ({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral"}, r"architectures=\['MixtralForCausalLM'\] is not supported; supported: .*Qwen2ForCausalLM"),
+    ({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}, r"architectures=\['DeepseekV3ForCausalLM'\] is not supported; supported: .*Qwen2ForCausalLM"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, r"rope_parameters.rope_type='yarn' is not supported; supported: \['default', 'llama3'\]"),
     ({"rope_scaling": {"type": "linear", "factor": 2.0}, "rope_parameters": None}, r"rope_scaling.rope_type='linear' is not supported"),
     ({"use_sliding_window": True}, r"use_sliding_window=True is not supported"),
@@ -107,7 +107,7 @@ def test_direct_construction_validates_invariants():
     config = tiny_config("qwen2")
     with pytest.raises(ValueError, match="attention_bias must be True for model_type 'qwen2'"):
         dataclasses.replace(config, attention_bias=False)
-    with pytest.raises(ValueError, match="use_qk_norm must be True exactly for model_type 'qwen3'"):
+    with pytest.raises(ValueError, match=r"use_qk_norm must be True exactly for model_type in \('qwen3', 'qwen3_moe'\)"):
         dataclasses.replace(config, use_qk_norm=True)
     with pytest.raises(ValueError, match="head_dim must be even for RoPE, got 15"):
         dataclasses.replace(config, head_dim=15)

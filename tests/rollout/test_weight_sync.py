@@ -30,9 +30,9 @@ from asyncrl.rollout.replica import RolloutReplica, RolloutReplicaActor
 from asyncrl.train import PolicyUpdateSpec
 
 
-def start_setup(tmp_path_factory, trainer_ranks: int, tie_word_embeddings: bool = True):
+def start_setup(tmp_path_factory, trainer_ranks: int, tie_word_embeddings: bool = True, family: str = "qwen2"):
     root = tmp_path_factory.mktemp("sync")
-    model = build_tiny_model(root / "model", family="qwen2", seed=1, tie_word_embeddings=tie_word_embeddings)
+    model = build_tiny_model(root / "model", family=family, seed=1, tie_word_embeddings=tie_word_embeddings)
     paths = write_task(make_task("arithmetic"), root / "data", 16, 4, seed=0)
     config = load_config(None, [
         f"model.path={model}", f"data.train_files=[{paths['train']}]", "trainer.device=cpu",

@@ -13,7 +13,10 @@ On CPU nothing is chosen (`KernelChoice.torch_paths()`): attention and sampling 
   and they can run, else the model's own layers;
 - decode steps replayed from CUDA graphs (`cuda_graph`) unless `enforce_eager`;
 - the decoder layers compiled with torch.compile (`EngineConfig.use_compile`), and CUDA's attention kept off the
-  cuDNN backend (every prefill has a new shape, and cuDNN plans each one).
+  cuDNN backend (every prefill has a new shape, and cuDNN plans each one);
+- mixture-of-experts layers: the grouped expert products of `grouped_moe`; such a model runs its own layers (the
+  fused decode products are dense-only) and no CUDA graphs (tokens per expert change every step, and the engine
+  reads each step's routing back).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.kernels import fused_decode
 from asyncrl.engine.kernels.cuda_graph import DecodeGraphs, decode_num_splits
 from asyncrl.engine.kernels.fused_decode import FusedDecodeLayers
+from asyncrl.engine.kernels.grouped_moe import install_grouped_experts
 from asyncrl.engine.kv_cache import KVCache
 from asyncrl.engine.sampler import FusedSampleKernel, Sampler
 from asyncrl.models.attention import avoid_per_shape_attention_plans
@@ -100,6 +104,11 @@ def select_kernels(model: CausalLM, config: EngineConfig) -> KernelChoice:
         compile_decoder_layers(model)
     decode_attention, decode_kernel, sample_kernel = load_cuda_kernels(config.decode_attention)
     num_processors = torch.cuda.get_device_properties(config.torch_device).multi_processor_count
+    if model.config.is_moe:
+        install_grouped_experts(model)
+        if config.use_cuda_graphs:
+            logger.info("the engine runs decode steps eagerly: CUDA graphs do not hold mixture-of-experts dispatch")
+        return KernelChoice(decode_attention, decode_kernel, sample_kernel, None, num_processors, False)
     fused_layers = load_fused_layers(model, config, decode_attention, config.max_num_seqs, num_processors)
     return KernelChoice(decode_attention, decode_kernel, sample_kernel, fused_layers, num_processors,
                         config.use_cuda_graphs)

@@ -142,8 +142,8 @@ it from there."""
         "abort" while unfinished, "length" when the budget ended it, else "stop"."""
         reason = {"length": "length", None: "abort", "abort": "abort"}.get(self.finish_reason, "stop")
         return GenerationResult(self.request_id, self.prompt_ids.copy(), self.ids.copy(), self.log_probs.copy(),
-                                self.versions.copy(), reason, self.num_prefill_tokens, self.num_cached_tokens,
-                                self.num_preemptions)
+                                self.versions.copy(), reason, num_prefill_tokens=self.num_prefill_tokens,
+                                num_cached_tokens=self.num_cached_tokens, num_preemptions=self.num_preemptions)
 
     def num_calls(self, *statuses: str) -> int:
         """Tool calls of the trajectory (with one of `statuses`, when given)."""

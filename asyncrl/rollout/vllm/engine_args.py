@@ -61,7 +61,13 @@ def engine_arg_names() -> list[str]:
 def check_vllm(config: AsyncRLConfig) -> None:
     """Everything `rollout.backend=vllm` needs that can be known before Ray: vLLM installed, sampling whose
     log-probs vLLM reports as the trainer computes them, no LoRA, known engine arguments, a model the CPU build
-    can run."""
+    can run, no routing replay."""
+    if config.algorithm.routing_replay:
+        # vLLM can record routed experts (enable_return_routed_experts), but this backend does not read them into
+        # results yet, and vLLM's record covers one forward per token (a prefix-cache hit or a resume recomputes).
+        raise ConfigError("rollout.backend=vllm with algorithm.routing_replay=true: the vLLM backend does not return "
+                          "the experts it routed each token to yet; use rollout.backend=ray_replicas (asyncrl's "
+                          "engine records them) or algorithm.routing_replay=false (docs/moe.md)")
     if not vllm_installed():
         raise ConfigError(VLLM_INSTALL)
     rollout = config.rollout

@@ -30,6 +30,10 @@ def fast_update(model: CausalLM, actor: ActorConfig, param_dtype: Optional[torch
     """The graphed update of the (unsharded) policy `model` where `actor.cuda_graphs` asks for it, else None."""
     if not actor.cuda_graphs:
         return None
+    if model.config.is_moe:
+        # Expert dispatch has data-dependent shapes (tokens per expert), which a captured graph cannot replay.
+        raise ValueError(f"actor.cuda_graphs=true does not support mixture-of-experts models ({model.config.model_type}"
+                         f"); set actor.cuda_graphs=false (docs/moe.md)")
     return GraphedUpdate(model, param_dtype, actor.optim, device, lm_head_kernels(model, device))
 
 
