@@ -126,3 +126,15 @@ def test_partial_rollout_keeps_the_experts_chosen_when_each_token_was_sampled(mo
     assert not same_sets(free[recorded][:kept], records[recorded][:kept]).all()
     replayed = trainer_routing(model, batch, replay=True).stacked_expert_ids()
     assert same_sets(replayed[recorded], records[recorded]).all()
+
+
+def test_the_prefix_cache_stays_off_for_moe_models(moe_folder):
+    """A cached prefix would come without its routing record: the engine keeps the cache off, and a second request
+    on the same prompt records the experts of every position again."""
+    engine = make_engine(moe_folder)
+    assert not engine.block_manager.enable_prefix_caching
+    prompt_ids = list(range(6, 30))
+    for index in range(2):
+        [result] = engine.generate([GenerationRequest(f"r{index}", prompt_ids,
+                                                      SamplingParams(max_new_tokens=3, seed=index))])
+        assert result.num_cached_tokens == 0 and result.routed_experts.shape[0] == len(prompt_ids) + 3
