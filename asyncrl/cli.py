@@ -32,6 +32,7 @@ from asyncrl.data.demo_tasks import DEFAULT_MODE, DEFAULT_TASK, DEMO_TASKS
 from asyncrl.data.reader import DatasetError
 from asyncrl.data.tasks import TASKS
 from asyncrl.recipes.errors import IncompatibleCheckpointError
+from asyncrl.rollout.readiness import add_arguments as add_check_arguments, main as check_server_main
 from asyncrl.rewards.loader import RewardLoadError
 from asyncrl.serving.options import add_serve_arguments
 
@@ -133,6 +134,10 @@ BENCHMARKS = {"engine": "asyncrl.bench.engine", "trainer": "asyncrl.bench.traine
               "modes": "asyncrl.bench.modes", "tools": "asyncrl.bench.tools"}
 
 
+def command_check_server(options: argparse.Namespace) -> int:
+    return check_server_main(options)
+
+
 def command_bench(options: argparse.Namespace) -> int:
     import importlib
     return importlib.import_module(BENCHMARKS[options.what]).main(options.args)
@@ -199,6 +204,11 @@ def add_tool_commands(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine (docs/serving.md)")
     add_serve_arguments(serve)
     serve.set_defaults(run=command_serve)
+
+    check = commands.add_parser("check-server", help="is an OpenAI-compatible server ready for RL rollouts? named "
+                                "checks with their evidence (docs/external-servers.md)")
+    add_check_arguments(check)
+    check.set_defaults(run=command_check_server)
 
 
 def add_inspection_commands(commands: argparse._SubParsersAction) -> None:

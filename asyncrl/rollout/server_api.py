@@ -14,9 +14,10 @@ GET /weights_checksum, POST /abort_request {abort_all}.
 `vllm`: vLLM's OpenAI server (`vllm serve`) in its development mode (`VLLM_SERVER_DEV_MODE=1`, which adds
 /collective_rpc, /abort_requests, /reset_prefix_cache and /update_weight_version) with asyncrl's worker extension
 (`--worker-extension-cls asyncrl.rollout.vllm.worker_extension.WeightSyncExtension`) and the log-probs of the
-sampling distribution (`--logprobs-mode processed_logprobs`). A reload calls the extension's `asyncrl_load_folder`
-on every worker, then empties the prefix cache (its keys and values were computed by the old weights; requests
-running then recompute theirs) and records the version.
+sampling distribution (`--logprobs-mode processed_logprobs`). A reload pauses the engine with its requests kept,
+calls the extension's `asyncrl_load_folder` on every worker, empties the prefix cache (its keys and values were
+computed by the old weights; the requests running recompute theirs), records the version and resumes: a request
+in flight samples its tokens up to the reload from the old weights and the rest from the new ones alone.
 """
 
 from __future__ import annotations
@@ -98,12 +99,17 @@ class VllmServerApi:
                                      f"--logprobs-mode processed_logprobs")
 
     def reload(self, server: ServerClient, folder: str, version: int, timeout_s: float) -> None:
-        self.rpc(server, "asyncrl_load_folder", [folder], timeout_s)
-        emptied = server.post("/reset_prefix_cache?reset_running_requests=true", {}, timeout_s)
-        if not isinstance(emptied, dict) or emptied.get("success") is not True:
-            raise ServerFailure(f"{server.url}: POST /reset_prefix_cache after the reload of {folder} did not "
-                                f"succeed ({str(emptied)[:200]}): its cached prefixes hold the old weights' keys")
-        server.post("/update_weight_version", {"new_version": str(version)}, timeout_s)
+        """Between two engine steps (paused, requests kept): load, empty the cache, stamp the version."""
+        server.post("/pause?mode=keep", {}, timeout_s)
+        try:
+            self.rpc(server, "asyncrl_load_folder", [folder], timeout_s)
+            emptied = server.post("/reset_prefix_cache?reset_running_requests=true", {}, timeout_s)
+            if not isinstance(emptied, dict) or emptied.get("success") is not True:
+                raise ServerFailure(f"{server.url}: POST /reset_prefix_cache after the reload of {folder} did not "
+                                    f"succeed ({str(emptied)[:200]}): its cached prefixes hold the old weights' keys")
+            server.post("/update_weight_version", {"new_version": str(version)}, timeout_s)
+        finally:
+            server.post("/resume", {}, timeout_s)
 
     def checksum(self, server: ServerClient, timeout_s: float) -> WeightsChecksum:
         where = f"{server.url}: POST /collective_rpc asyncrl_weights_checksum"
