@@ -73,7 +73,8 @@ def token_ids(under: ServerUnderCheck) -> CheckResult:
 def logprobs_temperature(under: ServerUnderCheck) -> CheckResult:
     usable = [sample for sample in under.samples if sample.is_usable()]
     if not usable:
-        return CheckResult("logprobs_temperature", False, "no completion with as many log-probs as ids to compare")
+        return CheckResult("logprobs_temperature", False, f"no completion to compare: "
+                                                          f"{under.samples[0].problem() if under.samples else 'none'}")
     temperature, tolerance = under.settings.temperature, under.settings.tolerance
     worst = max(float(under.differences(sample, under.reference).max()) for sample in usable)
     raw = max(float(np.abs(np.asarray(sample.log_probs) - under.reference.log_probs(
@@ -95,7 +96,7 @@ def seeds(under: ServerUnderCheck) -> CheckResult:
     first = under.samples[0] if under.samples else under.complete(0)
     again = under.complete(first.seed)
     if not (first.is_usable() and again.is_usable()):
-        return CheckResult("seeds", False, f"no usable completions to compare ({first.error or again.error})")
+        return CheckResult("seeds", False, f"no completions to compare: {first.problem() or again.problem()}")
     same_ids = again.ids == first.ids
     gap = float(np.abs(np.asarray(first.log_probs) - np.asarray(again.log_probs)).max())
     distinct = len({tuple(sample.ids) for sample in under.samples if sample.is_usable()})
@@ -114,10 +115,10 @@ def abort(under: ServerUnderCheck) -> CheckResult:
                                                seeds_, delay)
         if error:
             return CheckResult("abort", False, f"the abort failed: {error}")
-        failed = [sample for sample in samples if sample.error or not sample.is_usable()]
+        failed = [sample for sample in samples if not sample.is_usable()]
         if failed:
             return CheckResult("abort", False, f"{len(failed)} of {len(samples)} requests broke on the abort: "
-                                               f"{failed[0].error or 'ids and log-probs differ in count'}")
+                                               f"{failed[0].problem()}")
         aborted = [sample for sample in samples if sample.finish_reason == "abort"]
         if aborted:
             break
@@ -143,7 +144,8 @@ def reload_changes_weights(under: ServerUnderCheck) -> CheckResult:
         return CheckResult("reload_changes_weights", False, f"the reload of {under.changed.folder} failed: {error}")
     sample = under.complete(0)
     if not sample.is_usable():
-        return CheckResult("reload_changes_weights", False, f"no usable completion after the reload ({sample.error})")
+        return CheckResult("reload_changes_weights", False, f"no completion to compare after the reload: "
+                                                            f"{sample.problem()}")
     new = float(under.differences(sample, under.changed).max())
     old = float(under.differences(sample, under.reference).max())
     tolerance = under.settings.tolerance
@@ -173,8 +175,9 @@ def checksum_after_reload(under: ServerUnderCheck) -> CheckResult:
 
 
 @SERVER_CHECKS.register("request_during_reload", summary="requests in flight during a reload complete; each token "
-                                                         "was sampled by the old weights until it switches once to "
-                                                         "the new; the server then serves the new weights")
+                                                         "was sampled by the old weights up to a point, where the "
+                                                         "server's token_versions (if it stamps them) change; the "
+                                                         "server then serves the new weights")
 def request_during_reload(under: ServerUnderCheck) -> CheckResult:
     seeds_ = list(range(200, 200 + under.settings.num_concurrent))
     for attempt, delay in enumerate(RELOAD_DELAYS_S):
@@ -188,12 +191,15 @@ def request_during_reload(under: ServerUnderCheck) -> CheckResult:
             return CheckResult("request_during_reload", False, f"the reload during requests failed: {error}")
         broken = [sample for sample in samples if not sample.is_usable() or len(sample.ids) != under.max_tokens]
         if broken:
+            why = broken[0].problem() or f"{len(broken[0].ids)} of {under.max_tokens} tokens"
             return CheckResult("request_during_reload", False, f"{len(broken)} of {len(samples)} requests in flight "
-                                                               f"broke: {broken[0].error or 'short or mismatched'}")
+                                                               f"broke: {why}")
         switches = [switch_point(under, sample) for sample in samples]
-        if any(switch is None for switch in switches):
-            return CheckResult("request_during_reload", False, "a request went back to the old weights after "
-                                                               "leaving them (tokens from both, interleaved)")
+        misstamped = [switch for switch in switches if switch.stamped_at not in (None, switch.num_old)]
+        if misstamped:
+            return CheckResult("request_during_reload", False, f"token_versions change at token "
+                                                               f"{misstamped[0].stamped_at}, but the old weights "
+                                                               f"sampled the first {misstamped[0].num_old} tokens")
         spanning = [switch for switch in switches if 0 < switch.num_old < under.max_tokens]
         if spanning:
             break
@@ -206,7 +212,9 @@ def request_during_reload(under: ServerUnderCheck) -> CheckResult:
     evidence = (f"{len(spanning)} of {len(samples)} requests spanned the reload: "
                 f"{span([switch.num_old for switch in spanning])} tokens on the old weights, then "
                 f"{span([switch.num_mixed for switch in spanning])} on the new weights over the old keys and values "
-                f"and {span([switch.num_new for switch in spanning])} on the new weights alone; a request after it "
+                f"and {span([switch.num_new for switch in spanning])} on the new weights alone"
+                f"{'; token_versions change at the same token' if spanning[0].stamped_at is not None else ''}"
+                f"; a request after it "
                 f"{'samples from the new weights' if serves_new else 'does NOT sample from them'}")
     return CheckResult("request_during_reload", serves_new, evidence)
 
@@ -215,17 +223,24 @@ def request_during_reload(under: ServerUnderCheck) -> CheckResult:
 class Switch:
     """Where a request in flight during a reload went from the old weights to the new."""
     num_old: int     # leading tokens sampled by the old weights
-    num_mixed: int   # then tokens of the new weights over keys and values the old ones computed (neither alone)
+    num_mixed: int   # then tokens that neither weights alone sampled (the new over keys and values the old computed)
     num_new: int     # then tokens the new weights alone sampled (their keys and values recomputed)
+    stamped_at: int | None   # where the server's token_versions change (None: it does not stamp them)
 
 
-def switch_point(under: ServerUnderCheck, sample: Sample) -> Switch | None:
-    """The sample's switch, or None when its tokens do not go old, then mixed, then new, in that order."""
+def switch_point(under: ServerUnderCheck, sample: Sample) -> Switch:
+    """The sample's switch: its leading run of tokens from the old weights, then what sampled the rest. After the
+    run a token of the new weights over the old keys and values can match either weights alone by chance; it
+    counts as mixed unless it matches the new weights."""
     tolerance = under.settings.tolerance
     on_old = under.differences(sample, under.changed) <= tolerance
     on_new = under.differences(sample, under.reference) <= tolerance
-    kinds = np.where(on_old & ~on_new, 0, np.where(on_new, 2, 1))   # (R,) 0 old, 1 mixed, 2 new (ties: new)
-    if (np.diff(kinds) < 0).any():
-        return None
-    counts = np.bincount(kinds, minlength=3)
-    return Switch(int(counts[0]), int(counts[1]), int(counts[2]))
+    num_old = int(np.argmin(on_old)) if not on_old.all() else len(on_old)
+    num_new = int(on_new[num_old:].sum())
+    versions = sample.versions
+    stamped_at = None
+    if isinstance(versions, list) and versions and all(isinstance(version, int) for version in versions):
+        stamped_at = next((index for index, version in enumerate(versions) if version != versions[0]), len(versions))
+        if versions[0] != CHANGED_VERSION:
+            stamped_at = 0
+    return Switch(num_old, len(on_old) - num_old - num_new, num_new, stamped_at)

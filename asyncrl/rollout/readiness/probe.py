@@ -47,11 +47,20 @@ class Sample:
     finish_reason: Any = None
     error: str = ""
 
+    def problem(self) -> str:
+        """Why the ids and log-probs cannot be compared with the reference ("" when they can)."""
+        if self.error:
+            return self.error
+        if not isinstance(self.ids, list) or not all(isinstance(i, int) for i in self.ids):
+            return "token_ids is not a list of integers"
+        if not isinstance(self.log_probs, list) or not all(isinstance(p, (int, float)) for p in self.log_probs):
+            return "no list of log-probs"
+        if len(self.ids) != len(self.log_probs):
+            return f"{len(self.ids)} ids for {len(self.log_probs)} log-probs (see token_ids)"
+        return ""
+
     def is_usable(self) -> bool:
-        """Ids and log-probs that can be compared with the reference (same count, integers, numbers)."""
-        return (not self.error and isinstance(self.ids, list) and isinstance(self.log_probs, list)
-                and len(self.ids) == len(self.log_probs) and all(isinstance(i, int) for i in self.ids)
-                and all(isinstance(p, (int, float)) for p in self.log_probs))
+        return not self.problem()
 
 
 class ServerUnderCheck:
