@@ -24,6 +24,8 @@ import torch
 from asyncrl.launch import train
 from asyncrl.rollout.external_client import ServerClient
 from asyncrl.rollout.external_weights import folder_checksum
+from asyncrl.rollout.readiness import SERVER_CHECKS, check_server
+from asyncrl.rollout.readiness.reference import ReferenceModel
 from asyncrl.rollout.server_api import VllmServerApi
 from asyncrl.rollout.vllm.engine_args import vllm_installed
 from asyncrl.telemetry import read_metrics
@@ -77,6 +79,17 @@ def assert_serves_the_final_policy(url: str, output: Path, num_syncs: int) -> No
     assert np.abs(np.asarray(answer["logprobs"]["token_logprobs"]) - expected).max() <= 1e-4
 
 
+def test_vllm_serve_passes_every_check_of_check_server(vllm_servers, vllm_policy, tmp_path):
+    """Run first: it leaves the server on the policy's weights (version 0), where the runs below start."""
+    report = check_server(vllm_servers[0].base_url, vllm_policy["model"], api="vllm", work_dir=tmp_path)
+    assert [result.name for result in report.results] == list(SERVER_CHECKS)
+    assert report.passed, report.table()
+    evidence = {result.name: result.evidence for result in report.results}
+    assert float(evidence["logprobs_temperature"].split("= ")[1].split()[0]) <= 1e-4
+    # vLLM recomputes a running request's keys and values after the reload: no token of mixed weights.
+    assert "then 0 on the new weights over the old keys" in evidence["request_during_reload"], evidence
+
+
 def test_one_step_off_trains_against_two_vllm_servers_and_survives_one_killed(vllm_servers, vllm_policy, ray_session,
                                                                             tmp_path):
     survivor, victim = vllm_servers
@@ -112,6 +125,9 @@ def test_fully_async_with_partial_rollout_trains_against_vllm_servers_and_surviv
     survivor = vllm_servers[0]
     victim = start_vllm_server(vllm_policy["model"], log_dir=tmp_path)
     try:
+        server = ServerClient(survivor.base_url, "", 60)
+        server.connect()
+        VllmServerApi("").reload(server, str(vllm_policy["model"]), 0, 60)   # back from the run before
         victim.wait_ready()
         config = warm_config(vllm_policy, tmp_path / "run", *EXTERNAL, "trainer.mode=fully_async",
                              "rollout.n_gpus_per_node=1", f"rollout.external.urls=[{survivor.base_url},"
