@@ -17,8 +17,7 @@ from asyncrl.rollout.external_client import ServerFailure, ServerRequestError
 from asyncrl.rollout.external_weights import folder_checksum
 from asyncrl.rollout.readiness.probe import Sample, ServerUnderCheck
 
-ABORT_DELAYS_S = (0.05, 0.02, 0.2, 0.01)      # after how long the abort is sent, one attempt each until one lands
-RELOAD_DELAYS_S = (0.05, 0.02, 0.2)
+ATTEMPTS = 5   # of the abort, and of the reload during requests, until one lands while requests run
 CHANGED_VERSION, ORIGINAL_VERSION = 1, 0      # the versions the reloads stamp (a run's first sync sets its own)
 
 
@@ -109,10 +108,9 @@ def seeds(under: ServerUnderCheck) -> CheckResult:
 @SERVER_CHECKS.register("abort", summary="aborting every request returns each one's tokens so far (finish_reason "
                                          "abort, log-probs intact) at once; none errs or hangs")
 def abort(under: ServerUnderCheck) -> CheckResult:
-    seeds_ = list(range(100, 100 + under.settings.num_concurrent))
-    for delay in ABORT_DELAYS_S:
-        samples, error = under.complete_during(lambda: under.api.abort_all(under.server, under.settings.timeout_s),
-                                               seeds_, delay)
+    for attempt in range(ATTEMPTS):
+        samples, error = under.complete_around(lambda: under.api.abort_all(under.server, under.settings.timeout_s),
+                                               100 + 100 * attempt)
         if error:
             return CheckResult("abort", False, f"the abort failed: {error}")
         failed = [sample for sample in samples if not sample.is_usable()]
@@ -124,12 +122,12 @@ def abort(under: ServerUnderCheck) -> CheckResult:
             break
     else:
         return CheckResult("abort", False, f"every request ran to its {under.max_tokens} tokens in "
-                                           f"{len(ABORT_DELAYS_S)} attempts: the abort did not stop any")
+                                           f"{ATTEMPTS} attempts: the abort did not stop any")
     gap = max((float(under.differences(sample, under.reference).max()) for sample in aborted if sample.ids),
               default=0.0)
     passed = all(len(sample.ids) < under.max_tokens for sample in aborted) and gap <= under.settings.tolerance
-    return CheckResult("abort", passed, f"{len(samples)} requests of {under.max_tokens} tokens, aborted after "
-                                        f"{delay:g} s: {len(aborted)} returned finish 'abort' with "
+    return CheckResult("abort", passed, f"{len(samples)} requests of {under.max_tokens} tokens sent one after "
+                                        f"another, abort in their midst: {len(aborted)} returned finish 'abort' with "
                                         f"{span([len(sample.ids) for sample in aborted])} tokens, log-probs within "
                                         f"{gap:.1e} of asyncrl's")
 
@@ -179,14 +177,14 @@ def checksum_after_reload(under: ServerUnderCheck) -> CheckResult:
                                                          "server's token_versions (if it stamps them) change; the "
                                                          "server then serves the new weights")
 def request_during_reload(under: ServerUnderCheck) -> CheckResult:
-    seeds_ = list(range(200, 200 + under.settings.num_concurrent))
-    for attempt, delay in enumerate(RELOAD_DELAYS_S):
+    for attempt in range(ATTEMPTS):
         try:
             if attempt:
                 under.reload(under.changed, CHANGED_VERSION)
         except (ServerFailure, ServerRequestError) as error:
             return CheckResult("request_during_reload", False, f"the reload failed: {error}")
-        samples, error = under.complete_during(lambda: under.reload(under.reference, ORIGINAL_VERSION), seeds_, delay)
+        samples, error = under.complete_around(lambda: under.reload(under.reference, ORIGINAL_VERSION),
+                                               1000 + 100 * attempt)
         if error:
             return CheckResult("request_during_reload", False, f"the reload during requests failed: {error}")
         broken = [sample for sample in samples if not sample.is_usable() or len(sample.ids) != under.max_tokens]
@@ -205,7 +203,7 @@ def request_during_reload(under: ServerUnderCheck) -> CheckResult:
             break
     else:
         return CheckResult("request_during_reload", False, f"no request was in flight when the reload landed in "
-                                                           f"{len(RELOAD_DELAYS_S)} attempts: not exercised")
+                                                           f"{ATTEMPTS} attempts: not exercised")
     after = under.complete(0)
     serves_new = after.is_usable() and float(under.differences(after, under.reference).max()) <= \
         under.settings.tolerance

@@ -3,7 +3,7 @@ completions the checks ask for (token ids in, as the external backend sends them
 
     under = ServerUnderCheck(server, api, reference, changed, CheckSettings())
     sample = under.complete(seed=3)                        # one completion of the check's prompt
-    samples = under.complete_during(action, seeds)         # several at once, `action` run while they are in flight
+    samples, error = under.complete_around(action, 100)   # a stream of them, `action` run while some are in flight
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from asyncrl.rollout.server_api import AsyncrlServerApi, VllmServerApi
 DEFAULT_PROMPT = "12+34=46. 7+8="
 MAX_PROMPT_TOKENS = 16
 MAX_RESPONSE_TOKENS = 48
+STAGGER_REQUESTS = 48   # the completions of `complete_around`: about 12 in flight at a time over 4 request times
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,6 @@ class CheckSettings:
     tolerance: float = 1e-3       # largest |server - asyncrl| log-prob difference that counts as equal (fp32)
     timeout_s: float = 60.0       # limit on each call to the server
     num_samples: int = 4          # completions per check that samples (seeds 0..n-1)
-    num_concurrent: int = 8       # requests in flight for the abort and reload-during-request checks
     prompt: str = DEFAULT_PROMPT  # text of the prompt (the model's tokenizer), special ids added inside
 
 
@@ -46,6 +46,7 @@ class Sample:
     versions: Any = None        # token_versions, where the server stamps them
     finish_reason: Any = None
     error: str = ""
+    seconds: float = 0.0        # from sending it to its answer
 
     def problem(self) -> str:
         """Why the ids and log-probs cannot be compared with the reference ("" when they can)."""
@@ -82,6 +83,7 @@ class ServerUnderCheck:
 
     def complete(self, seed: int, max_tokens: int = 0) -> Sample:
         body = self.body(seed, max_tokens or self.max_tokens)
+        started = time.monotonic()
         try:
             response = httpx.post(self.server.url + "/v1/completions", json=body, headers=self.server.headers,
                                   timeout=self.settings.timeout_s)
@@ -90,20 +92,34 @@ class ServerUnderCheck:
         except (httpx.HTTPError, ServerFailure, ServerRequestError, KeyError, IndexError, TypeError) as error:
             return Sample(seed, error=f"{type(error).__name__}: {error}")
         return Sample(seed, choice.get("token_ids"), choice_log_probs(choice), choice.get("prompt_token_ids"),
-                      choice.get("token_versions"), choice.get("finish_reason"))
+                      choice.get("token_versions"), choice.get("finish_reason"), seconds=time.monotonic() - started)
 
-    def complete_during(self, action: Callable[[], None], seeds: list[int], delay_s: float) -> tuple[list[Sample], str]:
-        """The completions of `seeds` sent at once, `action` run `delay_s` after them; returns the samples and
-        the action's error ("" when it succeeded)."""
+    def complete_around(self, action: Callable[[], None], first_seed: int) -> tuple[list[Sample], str]:
+        """Completions sent one after another, a new one every twelfth of a request's own time, over a window of
+        STAGGER_REQUESTS of them, and `action` run in the middle of the window: whenever it lands there, some
+        requests are part way through (no guess at when a request starts or ends). Returns the samples and the
+        action's error ("" when it succeeded)."""
+        interval = self.request_seconds() / 12
+        seeds = list(range(first_seed, first_seed + STAGGER_REQUESTS))
+        error = ""
         with ThreadPoolExecutor(len(seeds)) as pool:
-            pending = [pool.submit(self.complete, seed) for seed in seeds]
-            time.sleep(delay_s)
-            try:
-                action()
-                error = ""
-            except (ServerFailure, ServerRequestError) as failure:
-                error = str(failure)
+            pending = []
+            for index, seed in enumerate(seeds):
+                pending.append(pool.submit(self.complete, seed))
+                if index == len(seeds) // 2:
+                    try:
+                        action()
+                    except (ServerFailure, ServerRequestError) as failure:
+                        error = str(failure)
+                time.sleep(interval)
             return [future.result() for future in pending], error
+
+    def request_seconds(self) -> float:
+        """How long one completion of the check's prompt takes on its own: the fastest of the first samples (a
+        shorter guess only puts more requests in flight at once)."""
+        timed = [sample.seconds for sample in self.samples if not sample.error] or \
+            [self.complete(seed).seconds for seed in range(self.settings.num_samples)]
+        return min(timed)
 
     def reload(self, model: ReferenceModel, version: int) -> None:
         self.has_reloaded = True
