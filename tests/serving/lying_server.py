@@ -8,6 +8,9 @@ Lies:
   the prompt's too: what a server or gateway that works on text returns.
 - "stale_weights": a reload is answered as done but never reaches the engine, so the weights, and the checksum
   the server reports, stay the old ones.
+- "raw_logprobs": each token's log-prob at temperature 1 whatever temperature was asked for (the log-probs of
+  the model's logits, not of the distribution sampled from: vLLM's default logprobs mode), computed from the
+  model folder the upstream started with.
 """
 
 from __future__ import annotations
@@ -25,15 +28,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from asyncrl.models import load_tokenizer
+from asyncrl.rollout.readiness.reference import ReferenceModel
 from tests.serving.server_process import free_port
 
-LIES = ("retokenized", "stale_weights")
+LIES = ("retokenized", "stale_weights", "raw_logprobs")
 
 
 def build_app(upstream: str, model_dir: str | Path, lie: str) -> FastAPI:
     if lie not in LIES:
         raise ValueError(f"lie must be one of {LIES}, got {lie!r}")
     tokenizer = load_tokenizer(model_dir)
+    reference = ReferenceModel(model_dir)
     app = FastAPI()
 
     def retokenized(ids: list[int]) -> list[int]:
@@ -49,13 +54,17 @@ def build_app(upstream: str, model_dir: str | Path, lie: str) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         answer = await forward(request, await request.json())
-        if lie == "retokenized" and answer.status_code == 200:
-            content = httpx.Response(200, content=answer.body).json()
-            for choice in content["choices"]:
+        if lie == "stale_weights" or answer.status_code != 200:
+            return answer
+        content = httpx.Response(200, content=answer.body).json()
+        for choice in content["choices"]:
+            if lie == "retokenized":
                 choice["token_ids"] = retokenized(choice["token_ids"])
                 choice["prompt_token_ids"] = retokenized(choice["prompt_token_ids"])
-            return JSONResponse(content)
-        return answer
+            else:
+                choice["token_logprobs"] = reference.log_probs(choice["prompt_token_ids"], choice["token_ids"],
+                                                               1.0).tolist()
+        return JSONResponse(content)
 
     @app.api_route("/{path:path}", methods=["GET", "POST"])
     async def anything(request: Request, path: str) -> Any:

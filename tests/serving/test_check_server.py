@@ -13,8 +13,10 @@ import torch
 from asyncrl.cli import main
 from asyncrl.data.demo_tasks import MODEL_SHAPE
 from asyncrl.models import build_tiny_model
+from asyncrl.rollout.external_client import ServerClient, ServerRequestError
 from asyncrl.rollout.external_weights import folder_checksum
 from asyncrl.rollout.readiness import SERVER_CHECKS, check_server
+from asyncrl.rollout.server_api import VllmServerApi
 from tests.serving.lying_server import lying_server
 from tests.serving.server_process import running_server
 
@@ -71,3 +73,20 @@ def test_a_server_whose_reload_never_lands_fails_the_reload_checks_with_a_stale_
     assert "still samples from the old weights" in results["reload_changes_weights"].evidence
     assert "before the reload (stale)" in results["checksum_after_reload"].evidence
     assert "not exercised" in results["request_during_reload"].evidence
+
+
+def test_a_server_that_reports_temperature_one_log_probs_fails_logprobs_temperature_and_says_so(served):
+    server, model, root = served
+    with lying_server(server.base_url, model, "raw_logprobs") as url:
+        report = check_server(url, model, work_dir=root)
+    results = {result.name: result for result in report.results}
+    assert not results["logprobs_temperature"].passed and results["token_ids"].passed
+    assert "log-probs at temperature 1" in results["logprobs_temperature"].evidence
+
+
+def test_the_vllm_routes_on_a_server_without_them_name_the_development_mode(served):
+    server, _, _ = served
+    client = ServerClient(server.base_url, "", 30)
+    client.connect()
+    with pytest.raises(ServerRequestError, match="VLLM_SERVER_DEV_MODE=1"):
+        VllmServerApi("").check(client)

@@ -193,11 +193,15 @@ def request_during_reload(under: ServerUnderCheck) -> CheckResult:
             return CheckResult("request_during_reload", False, f"{len(broken)} of {len(samples)} requests in flight "
                                                                f"broke: {why}")
         switches = [switch_point(under, sample) for sample in samples]
-        misstamped = [switch for switch in switches if switch.stamped_at not in (None, switch.num_old)]
+        # A token stamped with the old version must have been sampled by the old weights (the first token after
+        # the switch may match them by chance: the reverse is not checked).
+        misstamped = [switch for switch in switches if switch.stamped_at is not None and
+                      switch.stamped_at > switch.num_old]
         if misstamped:
-            return CheckResult("request_during_reload", False, f"token_versions change at token "
-                                                               f"{misstamped[0].stamped_at}, but the old weights "
-                                                               f"sampled the first {misstamped[0].num_old} tokens")
+            return CheckResult("request_during_reload", False, f"token_versions stamp the first "
+                                                               f"{misstamped[0].stamped_at} tokens with the old "
+                                                               f"version, but the old weights sampled only the first "
+                                                               f"{misstamped[0].num_old}")
         spanning = [switch for switch in switches if 0 < switch.num_old < under.max_tokens]
         if spanning:
             break
@@ -211,7 +215,7 @@ def request_during_reload(under: ServerUnderCheck) -> CheckResult:
                 f"{span([switch.num_old for switch in spanning])} tokens on the old weights, then "
                 f"{span([switch.num_mixed for switch in spanning])} on the new weights over the old keys and values "
                 f"and {span([switch.num_new for switch in spanning])} on the new weights alone"
-                f"{'; token_versions change at the same token' if spanning[0].stamped_at is not None else ''}"
+                f"{'; token_versions agree' if spanning[0].stamped_at is not None else ''}"
                 f"; a request after it "
                 f"{'samples from the new weights' if serves_new else 'does NOT sample from them'}")
     return CheckResult("request_during_reload", serves_new, evidence)
