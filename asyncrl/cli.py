@@ -9,6 +9,7 @@
                                                   (no TASK: the demo's task, with its knobs)
     asyncrl bench {engine,trainer,sync,modes,tools} ... prints a table, writes JSON under outputs/bench/
     asyncrl serve MODEL_DIR [--host H --port P --api-key K]   an OpenAI-compatible server (docs/serving.md)
+    asyncrl check-server URL --model DIR [--api asyncrl|vllm]  is a server fit for RL rollouts? (named checks)
 
 Errors in the user's input (config, data, reward function) print one line and exit with status 2.
 """

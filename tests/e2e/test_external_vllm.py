@@ -6,7 +6,7 @@ What must hold: the run finishes every step; each step's tokens carry the versio
 killed server is reported (out of rotation, one failure counted) and the survivor served the rest; every reload
 was checked (`verify_weights`: the checksum of what each server's workers loaded), the survivor reports the last
 version and the trainer's final policy, and its log-probs of fixed tokens equal the final policy's within 1e-4
-(the weights reached the engine, not only its loader); the policy learned. Needs vLLM (`scripts/vllm_cpu_venv.sh`);
+(the weights reached the engine, not only its loader); the policy learned (validation +30 points, as on rollout.backend=vllm). Needs vLLM (`scripts/vllm_cpu_venv.sh`);
 three engine starts (~1 min each on 2 cores).
 """
 
@@ -36,11 +36,12 @@ from tests.serving.server_process import start_vllm_server
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed here "
                                  "(bash scripts/vllm_cpu_venv.sh; docs/vllm.md)")]
-NUM_STEPS = 12
+NUM_STEPS = 32   # the steps over which test_vllm_backend.py's one_step_off run on this policy gains GAIN
 KILL_AFTER_STEP = 4
+GAIN = 0.3
 EXTERNAL = ("rollout.backend=external", "rollout.external.api=vllm", "rollout.external.verify_weights=true",
             "rollout.external.timeout_s=60", "rollout.external.max_retries=2", "trainer.dump_rollouts=true",
-            "trainer.test_freq=-1", "data.train_batch_size=16", "actor.ppo_mini_batch_size=16")
+            "trainer.test_freq=-1")
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,7 @@ def test_one_step_off_trains_against_two_vllm_servers_and_survives_one_killed(vl
     survivor, victim = vllm_servers
     config = warm_config(vllm_policy, tmp_path / "run", *EXTERNAL, "trainer.mode=one_step_off",
                          f"rollout.external.urls=[{survivor.base_url},{victim.base_url}]",
-                         f"trainer.total_steps={NUM_STEPS}", "actor.optim.lr=5e-4")
+                         f"trainer.total_steps={NUM_STEPS}")
     output = Path(config.trainer.output_dir)
     killer = threading.Thread(target=lambda: (wait_for_step(output, KILL_AFTER_STEP), victim.kill()), daemon=True)
     killer.start()
@@ -109,13 +110,14 @@ def test_one_step_off_trains_against_two_vllm_servers_and_survives_one_killed(vl
     assert [row["param_version"] for row in rows] == list(range(1, NUM_STEPS + 1))
     for step in range(1, NUM_STEPS + 1):
         versions = dumped_versions(output, step)
-        assert len(versions) == 16 * config.rollout.n
+        assert len(versions) == config.data.train_batch_size * config.rollout.n
         assert {version for sample in versions for version in sample} == {step - 1}, step
     assert rows[0]["faults/replica_failures"] == 0.0
     assert rows[-1]["faults/replica_failures"] == 1.0
     assert_serves_the_final_policy(survivor.base_url, output, summary["param_version"])
-    scores = [row["critic/score/mean"] for row in rows]
-    assert np.mean(scores[-3:]) > np.mean(scores[:3]) + 0.1, scores
+    before = summary["initial_validation"]["val/score/mean"]
+    after = summary["final_validation"]["val/score/mean"]
+    assert after >= before + GAIN, (before, after)
 
 
 def test_fully_async_with_partial_rollout_trains_against_vllm_servers_and_survives_one_killed(
@@ -133,7 +135,7 @@ def test_fully_async_with_partial_rollout_trains_against_vllm_servers_and_surviv
                              "rollout.n_gpus_per_node=1", f"rollout.external.urls=[{survivor.base_url},"
                              f"{victim.base_url}]", "async_training.trigger_parameter_sync_step=1",
                              "async_training.staleness_threshold=0.5", "async_training.partial_rollout=true",
-                             "trainer.total_steps=5")
+                             "trainer.total_steps=5", "data.train_batch_size=16", "actor.ppo_mini_batch_size=16")
         output = Path(config.trainer.output_dir)
         killer = threading.Thread(target=lambda: (wait_for_step(output, 2), victim.kill()), daemon=True)
         killer.start()
