@@ -19,6 +19,9 @@ from typing import Any
 import httpx
 
 
+KEEPALIVE_S = 2.0   # below uvicorn's default keep-alive (5 s), the servers' usual
+
+
 class ServerFailure(RuntimeError):
     """The server did not answer properly (connection refused or lost, timeout, 5xx)."""
 
@@ -46,8 +49,11 @@ class ServerClient:
 
     def async_client(self) -> httpx.AsyncClient:
         """A client for one event loop (httpx's async clients cannot move between loops)."""
+        # An idle connection is dropped here before the server drops it (uvicorn, under asyncrl serve and vLLM,
+        # after 5 s): a request sent on a connection the server is closing fails as if the server had died.
         return httpx.AsyncClient(headers=self.headers, timeout=self.timeout_s,
-                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=64,
+                                                     keepalive_expiry=KEEPALIVE_S))
 
     def check(self, response: httpx.Response, call: str) -> dict[str, Any]:
         if response.status_code >= 500:
