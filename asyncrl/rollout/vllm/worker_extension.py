@@ -46,6 +46,12 @@ def keep_cpu_linear_weights() -> None:
 keep_cpu_linear_weights()
 
 
+def served_checksum(model: torch.nn.Module, dtype: torch.dtype, folder: str) -> dict[str, str]:
+    """What the checksum route answers for `model` (read from `folder`) served in `dtype`."""
+    return {"sha256": weights_checksum(iter_named_tensors(model), dtype), "dtype": str(dtype).removeprefix("torch."),
+            "folder": folder}
+
+
 class WeightSyncExtension:
     """Mixed into vLLM's worker class (`self.reload_weights`, `self.device`, `self.vllm_config` are the worker's)."""
 
@@ -81,9 +87,7 @@ class WeightSyncExtension:
         reload) and returns `asyncrl_weights_checksum`'s answer for them."""
         model = load_model(folder, dtype=torch.float32, device="cpu")
         self.reload_weights(weights_iterator=iter_named_tensors(model))
-        dtype = self.vllm_config.model_config.dtype
-        self.asyncrl_checksum = {"sha256": weights_checksum(iter_named_tensors(model), dtype),
-                                 "dtype": str(dtype).removeprefix("torch."), "folder": folder}
+        self.asyncrl_checksum = served_checksum(model, self.vllm_config.model_config.dtype, folder)
         return self.asyncrl_checksum
 
     def asyncrl_weights_checksum(self) -> dict[str, str]:
@@ -94,9 +98,7 @@ class WeightSyncExtension:
         if self.asyncrl_checksum is None:
             model_config = self.vllm_config.model_config
             model = load_model(model_config.model, dtype=torch.float32, device="cpu")
-            self.asyncrl_checksum = {"sha256": weights_checksum(iter_named_tensors(model), model_config.dtype),
-                                     "dtype": str(model_config.dtype).removeprefix("torch."),
-                                     "folder": model_config.model}
+            self.asyncrl_checksum = served_checksum(model, model_config.dtype, model_config.model)
         return self.asyncrl_checksum
 
     def asyncrl_server_facts(self) -> dict[str, str]:
