@@ -9,6 +9,7 @@
                                                   (no TASK: the demo's task, with its knobs)
     asyncrl bench {engine,trainer,sync,modes,tools} ... prints a table, writes JSON under outputs/bench/
     asyncrl serve MODEL_DIR [--host H --port P --api-key K]   an OpenAI-compatible server (docs/serving.md)
+    asyncrl check-server URL --model DIR [--api asyncrl|vllm]  is a server fit for RL rollouts? (named checks)
 
 Errors in the user's input (config, data, reward function) print one line and exit with status 2.
 """
@@ -33,6 +34,7 @@ from asyncrl.data.reader import DatasetError
 from asyncrl.data.tasks import TASKS
 from asyncrl.models.model_config import FAMILIES
 from asyncrl.recipes.errors import IncompatibleCheckpointError
+from asyncrl.rollout.readiness import add_arguments as add_check_arguments, main as check_server_main
 from asyncrl.rewards.loader import RewardLoadError
 from asyncrl.serving.options import add_serve_arguments
 
@@ -134,6 +136,10 @@ BENCHMARKS = {"engine": "asyncrl.bench.engine", "trainer": "asyncrl.bench.traine
               "modes": "asyncrl.bench.modes", "tools": "asyncrl.bench.tools"}
 
 
+def command_check_server(options: argparse.Namespace) -> int:
+    return check_server_main(options)
+
+
 def command_bench(options: argparse.Namespace) -> int:
     import importlib
     return importlib.import_module(BENCHMARKS[options.what]).main(options.args)
@@ -203,6 +209,11 @@ def add_tool_commands(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine (docs/serving.md)")
     add_serve_arguments(serve)
     serve.set_defaults(run=command_serve)
+
+    check = commands.add_parser("check-server", help="is an OpenAI-compatible server ready for RL rollouts? named "
+                                "checks with their evidence (docs/external-servers.md)")
+    add_check_arguments(check)
+    check.set_defaults(run=command_check_server)
 
 
 def add_inspection_commands(commands: argparse._SubParsersAction) -> None:

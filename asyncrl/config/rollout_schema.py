@@ -76,13 +76,17 @@ class ExternalRolloutConfig:
     health_interval_s: float = option(10.0, "a server not heard from for this long is probed (GET /health) before "
                                             "it gets requests; one that does not answer leaves the rotation until "
                                             "a weight sync reloads it", gt=0.0, le=MAX_WAIT_S)
+    api: Literal["asyncrl", "vllm"] = option("asyncrl", "the servers' routes for reload, checksum and abort: asyncrl "
+                                                     "(asyncrl serve; SGLang's names) or vllm (vllm serve in its dev "
+                                                     "mode with asyncrl's worker extension: docs/external-servers.md)")
     reload_endpoint: str = option("/update_weights_from_disk", "POST route that reloads weights from an HF folder, "
-                                  "body {model_path, weight_version} (asyncrl serve and SGLang's name)")
+                                  "body {model_path, weight_version} (asyncrl serve and SGLang's name; api=asyncrl)")
     weights_dir: str = option("", "folder the policy is written to for the servers to reload (they must read it: "
                                   "same machine or a shared file system); empty = <trainer.output_dir>/"
                                   "external_weights")
-    verify_weights: bool = option(False, "after every reload compare each server's GET /weights_checksum (asyncrl "
-                                         "serve) with the written folder's, and fail on a difference")
+    verify_weights: bool = option(False, "after every reload compare each server's weights checksum (asyncrl serve's "
+                                         "GET /weights_checksum; vLLM's worker extension) with the written folder's, "
+                                         "and fail on a difference")
 
 
 @dataclass

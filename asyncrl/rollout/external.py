@@ -1,5 +1,6 @@
-"""External rollout servers: generation on OpenAI-compatible HTTP servers (`asyncrl serve`, or a vLLM / SGLang
-server that returns token ids and log-probs), weights pushed as an HF folder that each server reloads.
+"""External rollout servers: generation on OpenAI-compatible HTTP servers (`asyncrl serve`, `vllm serve`, or an
+SGLang server behind a proxy that returns token ids and log-probs), weights pushed as an HF folder that each
+server reloads (through the routes of its kind, rollout.external.api: `server_api.py`).
 
     asyncrl train cfg.yaml rollout.backend=external \\
         'rollout.external.urls=[http://127.0.0.1:8001,http://127.0.0.1:8002]'
@@ -44,6 +45,7 @@ from asyncrl.rollout.external_client import ServerClient, ServerFailure, api_key
 from asyncrl.rollout.external_weights import folder_checksum, write_policy
 from asyncrl.rollout.gate import BusyClock, GatedControls, RequestGate
 from asyncrl.rollout.registry import ROLLOUT_BACKENDS, RolloutContext
+from asyncrl.rollout.server_api import SERVER_APIS
 from asyncrl.rollout.threaded_batch import ThreadedBatch
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ class ExternalRollout(GatedControls, RolloutBackend):
         self.weights_dir = Path(settings.weights_dir or Path(config.trainer.output_dir) / "external_weights")
         api_key = api_key_of(settings.api_key_env)
         self.servers = [ServerClient(url, api_key, settings.timeout_s) for url in settings.urls]
+        self.api = SERVER_APIS[settings.api](settings.reload_endpoint)
         self.names = [server.url for server in self.servers]
         self.is_healthy = [True] * len(self.servers)
         self.why_out = [""] * len(self.servers)
@@ -89,11 +92,13 @@ class ExternalRollout(GatedControls, RolloutBackend):
             self.verify(config.model.path, list(range(len(self.servers))))
 
     def connect_all(self) -> None:
-        """Every server must answer at the start: a URL that does not is a configuration error."""
+        """Every server must answer at the start, with the routes its kind of server (rollout.external.api) has:
+        a URL that does not is a configuration error."""
         failed = []
         for server in self.servers:
             try:
                 server.connect()
+                self.api.check(server)
             except (ServerFailure, RolloutError, RuntimeError) as error:
                 failed.append(str(error))
         if failed:
@@ -214,12 +219,12 @@ class ExternalRollout(GatedControls, RolloutBackend):
         return PendingGeneration(list(requests), collect)
 
     async def abort(self) -> list[GenerationResult]:
-        """POST /abort_request {abort_all} to every healthy server; the requests in flight come back with
+        """Asks every healthy server to abort all its requests (`server_api.py`); those in flight come back with
         finish_reason "abort" to their `generate` callers. Returns the aborted results seen until those calls
         ended (call after `pause`, as the fully-async rollouter does)."""
         self.aborted = []
         indices = [index for index, healthy in enumerate(self.is_healthy) if healthy]
-        answers = await asyncio.gather(*(asyncio.to_thread(self.servers[index].abort_all, HEALTH_PROBE_S)
+        answers = await asyncio.gather(*(asyncio.to_thread(self.api.abort_all, self.servers[index], HEALTH_PROBE_S)
                                          for index in indices), return_exceptions=True)
         for index, answer in zip(indices, answers):
             if isinstance(answer, ServerFailure):
@@ -237,7 +242,7 @@ class ExternalRollout(GatedControls, RolloutBackend):
         reloaded = []
         for index, server in enumerate(self.servers):
             try:
-                server.reload(self.settings.reload_endpoint, str(folder), version, self.sync_timeout_s)
+                self.api.reload(server, str(folder), version, self.sync_timeout_s)
             except ServerFailure as error:
                 self.take_out(index, f"reload failed: {error}")
                 continue
@@ -262,16 +267,15 @@ class ExternalRollout(GatedControls, RolloutBackend):
         expected: dict[str, str] = {}
         for index in indices:
             try:
-                answer = self.servers[index].get("/weights_checksum", self.sync_timeout_s)
+                answer = self.api.checksum(self.servers[index], self.sync_timeout_s)
             except ServerFailure as error:
                 self.take_out(index, f"weights checksum failed: {error}")
                 continue
-            dtype = answer["dtype"]
-            if dtype not in expected:
-                expected[dtype] = folder_checksum(folder, getattr(torch, dtype))
-            if answer["sha256"] != expected[dtype]:
+            if answer.dtype not in expected:
+                expected[answer.dtype] = folder_checksum(folder, getattr(torch, answer.dtype))
+            if answer.sha256 != expected[answer.dtype]:
                 raise RolloutError(f"{self.names[index]} serves weights that differ from {folder} (sha256 "
-                                   f"{answer['sha256'][:12]}... vs {expected[dtype][:12]}...) after its reload")
+                                   f"{answer.sha256[:12]}... vs {expected[answer.dtype][:12]}...) after its reload")
 
     async def sleep(self) -> None:
         """The servers keep their memory: they run beside training, not on its devices."""

@@ -1,9 +1,10 @@
 """One OpenAI-compatible rollout server as the external backend talks to it over HTTP: completions, health,
-reload, abort.
+and any other route (the reload, checksum and abort routes of each kind of server: `server_api.py`).
 
     server = ServerClient("http://127.0.0.1:8001", api_key="", timeout_s=300)
+    server.connect()                                   # GET /health, and the served name from GET /v1/models
     answer = await server.complete(client, body)       # the JSON answer (external_answer.py builds and checks)
-    server.reload(folder, version=4, timeout_s=120)    # POST <reload_endpoint> {model_path, weight_version}
+    server.post("/abort_request", {"abort_all": True}, timeout_s=5)
 
 `ServerFailure` is the server's fault (no connection, a timeout, a 5xx, an answer that is not JSON or not what
 was asked for: `ServerLied`): the backend takes the server out of rotation and sends the request to another. A
@@ -16,6 +17,9 @@ import os
 from typing import Any
 
 import httpx
+
+
+KEEPALIVE_S = 2.0   # below uvicorn's default keep-alive (5 s), the servers' usual
 
 
 class ServerFailure(RuntimeError):
@@ -45,8 +49,11 @@ class ServerClient:
 
     def async_client(self) -> httpx.AsyncClient:
         """A client for one event loop (httpx's async clients cannot move between loops)."""
+        # An idle connection is dropped here before the server drops it (uvicorn, under asyncrl serve and vLLM,
+        # after 5 s): a request sent on a connection the server is closing fails as if the server had died.
         return httpx.AsyncClient(headers=self.headers, timeout=self.timeout_s,
-                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=64,
+                                                     keepalive_expiry=KEEPALIVE_S))
 
     def check(self, response: httpx.Response, call: str) -> dict[str, Any]:
         if response.status_code >= 500:
@@ -63,12 +70,21 @@ class ServerClient:
             raise ServerLied(f"{self.url}: {call} answered {response.status_code} with a body that is not JSON: "
                              f"{response.text[:100]!r}") from None
 
-    def get(self, path: str, timeout_s: float | None = None) -> dict[str, Any]:
+    def get_response(self, path: str, timeout_s: float | None = None) -> httpx.Response:
         try:
-            response = httpx.get(self.url + path, headers=self.headers, timeout=timeout_s or self.timeout_s)
+            return httpx.get(self.url + path, headers=self.headers, timeout=timeout_s or self.timeout_s)
         except httpx.HTTPError as error:
             raise ServerFailure(f"{self.url}: GET {path} failed: {type(error).__name__}: {error}") from None
-        return self.check(response, f"GET {path}")
+
+    def get(self, path: str, timeout_s: float | None = None) -> dict[str, Any]:
+        return self.check(self.get_response(path, timeout_s), f"GET {path}")
+
+    def health(self, timeout_s: float | None = None) -> None:
+        """GET /health answers 200 (its body is the server's own: JSON for asyncrl serve, empty for vLLM)."""
+        response = self.get_response("/health", timeout_s)
+        if response.status_code != 200:
+            self.check(response, "GET /health")   # raises for an error status
+            raise ServerFailure(f"{self.url}: GET /health answered {response.status_code}")
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
         try:
@@ -80,7 +96,7 @@ class ServerClient:
 
     def connect(self) -> None:
         """Checks that the server answers and learns the name it serves."""
-        self.get("/health")
+        self.health()
         models = self.get("/v1/models")
         data = models.get("data") if isinstance(models, dict) else None
         if not isinstance(data, list) or not data or not isinstance(data[0], dict) or \
@@ -90,7 +106,7 @@ class ServerClient:
 
     def is_alive(self, timeout_s: float) -> bool:
         try:
-            self.get("/health", timeout_s)
+            self.health(timeout_s)
             return True
         except (ServerFailure, ServerRequestError):
             return False
@@ -103,11 +119,3 @@ class ServerClient:
             raise ServerFailure(f"{self.url}: completion of {body['request_id']!r} failed: "
                                 f"{type(error).__name__}: {error}") from None
         return self.check(response, f"completion of {body['request_id']!r}")
-
-    def reload(self, endpoint: str, folder: str, version: int, timeout_s: float) -> int:
-        """Loads the HF folder as `version`; returns the version the server reports."""
-        answer = self.post(endpoint, {"model_path": folder, "weight_version": version}, timeout_s)
-        return int(answer.get("weight_version", version))
-
-    def abort_all(self, timeout_s: float) -> None:
-        self.post("/abort_request", {"abort_all": True}, timeout_s)

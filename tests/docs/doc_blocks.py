@@ -6,6 +6,7 @@ unless the line before the block marks it with a reason:
     <!-- illustration: needs your own Ray cluster -->   not run: it needs what a user brings (files, machines, a
                                                        GPU), or it sketches code that lives in a file
     <!-- ci:install --> / <!-- ci:test -->              the install and the test command, run by .ci/run
+    <!-- vllm: needs vLLM (...) -->                     run by tests/docs/test_vllm_docs.py in the vLLM environment
 
 Other languages (`yaml`, `text`, `json`) are configs, outputs and diagrams, read by a human.
 
@@ -17,12 +18,13 @@ page at the first command that fails.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 RUNNABLE = ("bash", "python")
 FENCE = re.compile(r"^(?P<indent> *)```(?P<language>[\w-]*)[ \t]*\n(?P<text>.*?)^(?P=indent)```[ \t]*$", re.S | re.M)
-MARKER = re.compile(r"<!--\s*(?P<kind>illustration|ci):?\s*(?P<reason>.*?)\s*-->\s*$")
+MARKER = re.compile(r"<!--\s*(?P<kind>illustration|ci|vllm):?\s*(?P<reason>.*?)\s*-->\s*$")
 BLOCK_START = "### doc block {name}"
 
 
@@ -32,7 +34,7 @@ class DocBlock:
     line: int             # the line of its opening fence
     language: str         # "" when the fence names none
     text: str             # the block's lines, indentation removed
-    marker: str           # "illustration", "ci" or ""
+    marker: str           # "illustration", "ci", "vllm" or ""
     reason: str           # what the marker says after its kind
 
     @property
@@ -58,12 +60,13 @@ def doc_blocks(path: Path) -> list[DocBlock]:
     return blocks
 
 
-def page_script(blocks: list[DocBlock], rewrite=lambda command: command) -> str:
-    """One bash script running the page's runnable blocks in order; `rewrite(line)` may change a line of a bash
-    block (its continuations joined) before it runs."""
+def page_script(blocks: list[DocBlock], rewrite=lambda command: command,
+                runs: Callable[[DocBlock], bool] = lambda block: block.is_run) -> str:
+    """One bash script running the page's blocks that `runs` picks (its runnable blocks), in order; `rewrite(line)`
+    may change a line of a bash block (its continuations joined) before it runs."""
     parts = ["set -eo pipefail"]
     for block in blocks:
-        if not block.is_run:
+        if not runs(block):
             continue
         parts.append(f"echo; echo {quote(BLOCK_START.format(name=block.name))}")   # on a line of its own
         if block.language == "python":

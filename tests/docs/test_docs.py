@@ -31,12 +31,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.docs.doc_blocks import BLOCK_START, doc_blocks, page_script
+from tests.docs.doc_blocks import BLOCK_START, DocBlock, doc_blocks, page_script
 from tests.e2e.test_agents import assert_the_tools_demo_learned
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
@@ -98,10 +99,11 @@ def session_processes(session: int) -> list[str]:
     return found
 
 
-def run_page(folder: Path, page: str, environment: dict[str, str]) -> PageRun:
-    """The page's script in a fresh bash, its own session, in `folder`. Its output goes to a file: a process it
-    leaves running would hold a pipe open after the script ends."""
-    script = page_script(doc_blocks(folder / page), capped)
+def run_page(folder: Path, page: str, environment: dict[str, str],
+             runs: Callable[[DocBlock], bool] = lambda block: block.is_run) -> PageRun:
+    """The page's script (the blocks `runs` picks) in a fresh bash, its own session, in `folder`. Its output goes
+    to a file: a process it leaves running would hold a pipe open after the script ends."""
+    script = page_script(doc_blocks(folder / page), capped, runs)
     log = folder.parent / f"{folder.name}-{page.replace('/', '-')}.log"
     with log.open("w") as output:
         process = subprocess.Popen(["bash", "-c", script], cwd=folder, env=environment, stdout=output,

@@ -13,7 +13,8 @@ from asyncrl.data.make import make_task, write_task
 from asyncrl.models import build_tiny_model
 from asyncrl.data.demo_tasks import MODEL_SHAPE, TASK_KNOBS
 from asyncrl.launch.demo import demo_config_path
-from tests.e2e.demo_configs import warm_config
+from asyncrl.train.sft import SFTSettings, run_sft
+from tests.e2e.demo_configs import VLLM_SHAPE, warm_config
 
 # The first rows of the demo's splits: more training prompts than any run here trains on (20 steps of 32), and a
 # third of its validation prompts, so that each run tokenizes and validates only what it may use.
@@ -30,6 +31,16 @@ def warm_policy(demo_setup, tmp_path_factory) -> dict[str, Path]:
     for split, size, source in (("train", TRAIN_SIZE, demo_setup.train_file), ("val", VAL_SIZE, demo_setup.val_file)):
         parquet.write_table(parquet.read_table(source).slice(0, size), paths[split])
     return {"model": demo_setup.model, **paths}
+
+
+@pytest.fixture(scope="session")
+def vllm_policy(tmp_path_factory) -> dict[str, Path]:
+    """The demo's task and warm start, on VLLM_SHAPE (for rollout.backend=vllm and vllm serve)."""
+    root = tmp_path_factory.mktemp("vllm_policy")
+    paths = write_task(make_task("arithmetic", TASK_KNOBS), root / "data", 4000, 64, seed=0)
+    raw = build_tiny_model(root / "raw", family="qwen2", seed=0, **VLLM_SHAPE)
+    model = run_sft(raw, [str(paths["train"])], root / "model", SFTSettings(epochs=12.0, seed=0))
+    return {"model": model, "train": paths["train"], "val": paths["val"]}
 
 
 @pytest.fixture(scope="session")

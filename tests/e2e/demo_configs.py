@@ -6,7 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from asyncrl.config import AsyncRLConfig, load_config
+from asyncrl.data.demo_tasks import MODEL_SHAPE
 from asyncrl.launch.demo import demo_config_path
+
+# vLLM's CPU attention runs heads of 32 dimensions and up: the demo's models twice as wide, 4 heads of 32.
+VLLM_SHAPE = {**MODEL_SHAPE, "hidden_size": 128, "num_heads": 4, "num_kv_heads": 2}
 
 
 def warm_config(warm_policy: dict[str, Path], output_dir: Path, *overrides: str) -> AsyncRLConfig:

@@ -21,12 +21,12 @@ import pytest
 
 from asyncrl.data.make import make_task, write_task
 from asyncrl.launch import train
-from asyncrl.data.demo_tasks import DEMO_TASKS, MODEL_SHAPE, TASK_KNOBS
+from asyncrl.data.demo_tasks import DEMO_TASKS
 from asyncrl.models import build_tiny_model
 from asyncrl.rollout.vllm.engine_args import vllm_installed
 from asyncrl.telemetry import read_metrics
 from asyncrl.train.sft import SFTSettings, run_sft
-from tests.e2e.demo_configs import warm_config
+from tests.e2e.demo_configs import VLLM_SHAPE, warm_config
 from tests.e2e.replica_killer import ReplicaKiller
 from tests.e2e.test_agents import assert_the_tools_demo_learned
 
@@ -37,18 +37,6 @@ VLLM = ("rollout.backend=vllm", "rollout.n_gpus_per_node=1", "rollout.cpu_kv_cac
         "trainer.test_freq=-1")
 GAIN = 0.3
 TOOLS_SFT_EPOCHS = 3.75
-# vLLM's CPU attention runs heads of 32 dimensions and up: the demo's models twice as wide, 4 heads of 32.
-VLLM_SHAPE = {**MODEL_SHAPE, "hidden_size": 128, "num_heads": 4, "num_kv_heads": 2}
-
-
-@pytest.fixture(scope="module")
-def vllm_policy(tmp_path_factory) -> dict[str, Path]:
-    """The demo's task and warm start, on VLLM_SHAPE."""
-    root = tmp_path_factory.mktemp("vllm_policy")
-    paths = write_task(make_task("arithmetic", TASK_KNOBS), root / "data", 4000, 64, seed=0)
-    raw = build_tiny_model(root / "raw", family="qwen2", seed=0, **VLLM_SHAPE)
-    model = run_sft(raw, [str(paths["train"])], root / "model", SFTSettings(epochs=12.0, seed=0))
-    return {"model": model, "train": paths["train"], "val": paths["val"]}
 
 
 def dumped(output_dir: str) -> dict[int, list[dict]]:

@@ -19,6 +19,7 @@ from asyncrl.remote import RemoteUnavailableError
 from asyncrl.rollout import ExternalRollout, RolloutContext
 from asyncrl.rollout.external_client import ServerClient, ServerFailure
 from asyncrl.rollout.external_weights import folder_checksum
+from asyncrl.rollout.server_api import AsyncrlServerApi
 from tests.serving.conftest import API_KEY
 from tests.serving.server_process import start_server
 
@@ -115,17 +116,18 @@ def test_a_server_that_dies_between_its_reload_and_the_checksum_leaves_the_rotat
         folder = reloaded.get(self.url, policy)
         return {"dtype": "float32", "sha256": folder_checksum(folder, torch.float32)}
 
-    def reload(self, endpoint, folder, version, timeout_s):
-        if self.url in dead:
-            raise ServerFailure(f"{self.url}: POST {endpoint} failed: ConnectError: [Errno 111] Connection refused")
-        reloaded[self.url] = folder
-        if self.url == urls[1] and version == 1:
-            dead.add(self.url)   # it reloaded, then died before the checksum
+    def reload(self, server, folder, version, timeout_s):
+        if server.url in dead:
+            raise ServerFailure(f"{server.url}: POST {self.reload_endpoint} failed: ConnectError: [Errno 111] "
+                                f"Connection refused")
+        reloaded[server.url] = folder
+        if server.url == urls[1] and version == 1:
+            dead.add(server.url)   # it reloaded, then died before the checksum
 
     reloaded: dict = {}
     monkeypatch.setattr(ServerClient, "connect", lambda self: None)
     monkeypatch.setattr(ServerClient, "get", get)
-    monkeypatch.setattr(ServerClient, "reload", reload)
+    monkeypatch.setattr(AsyncrlServerApi, "reload", reload)
     config = load_config(None, [f"model.path={policy}", "rollout.backend=external", "rollout.external.verify_weights=true",
                                 f"rollout.external.urls=[{urls[0]},{urls[1]}]", f"trainer.output_dir={tmp_path / 'run'}",
                                 "trainer.device=cpu"])
