@@ -10,7 +10,8 @@ ids, and each sampled token comes back with its log-prob under the temperature-s
 Tokens stream back as they are sampled and each is stamped with the version of the weights the replica holds
 when it arrives. A weight sync pauses vLLM's scheduler with requests kept (`pause_generation(mode="keep")`),
 lets every token sampled before the pause arrive, loads the new weights through the worker extension
-(`worker_extension.py`), stamps the new version and resumes: requests in flight continue with the new weights,
+(`worker_extension.py`), empties the prefix cache (preempting the kept requests, whose tokens so far are
+recomputed), stamps the new version and resumes: requests in flight continue with the new weights,
 each of their tokens stamped with the weights that sampled it.
 """
 
@@ -194,8 +195,12 @@ class VllmReplica:
             await self.wait_for(self.outputs_taken, "pause")
             (count, self.checksum), = await self.engine.collective_rpc("asyncrl_receive_weights",
                                                                        args=(self.with_checksum,))
-            # Cached prefixes hold keys and values the old weights computed: a new request must not reuse them.
-            await self.engine.reset_prefix_cache()
+            # Cached prefixes hold keys and values the old weights computed: no request may reuse them. vLLM
+            # refuses (returns False) to reset while kept requests hold blocks, so those are preempted too: they
+            # recompute their tokens so far with the new weights when generation resumes.
+            if not await self.engine.reset_prefix_cache(reset_running_requests=True):
+                raise RuntimeError(f"{self.name}: vLLM did not reset its prefix cache after loading version "
+                                   f"{version}; blocks of the old weights would be reused")
             self.weights_version = int(version)
             return count
         finally:
