@@ -9,7 +9,8 @@ prompt's tail KV to several slots (see `write_rows` in `attention.py`).
 
 Prefix cache (`enable_prefix_caching`): a full block whose KV has been computed is registered under the
 hash of its tokens and of every token before it (`Sequence.block_hashes`): a prefill's blocks when it is
-launched, a sequence's decode-filled blocks when it is released. A later sequence starting with the same
+launched, a sequence's decode-filled blocks when it is released (unless the weights changed while it ran: then
+its KV mixes both). A later sequence starting with the same
 full blocks (a group's sample admitted in another step, an agent's next turn, a preempted or resumed
 request) takes them instead of computing them again. A released registered block keeps its KV and stays
 findable until its memory is needed: blocks that never held a registered prefix are handed out first, then
@@ -50,6 +51,7 @@ class BlockManager:
         self.evictable: OrderedDict[int, None] = OrderedDict()  # free, registered: least recently released first
         self.block_of_hash: dict[int, int] = {}
         self.hash_of_block: dict[int, int] = {}
+        self.epoch = 0  # counts `clear_prefix_cache` calls: KV computed in an earlier epoch is never registered
 
     @property
     def num_free_blocks(self) -> int:
@@ -141,7 +143,9 @@ class BlockManager:
                 self.hash_of_block[block_id] = block_hash
 
     def clear_prefix_cache(self) -> None:
-        """Forgets every registered prefix (their KV no longer matches the weights, or is gone)."""
+        """Forgets every registered prefix (their KV no longer matches the weights, or is gone); sequences in flight
+        hold KV of the old weights and will not register it when released."""
+        self.epoch += 1
         for block_id in self.evictable:
             self.free_block_ids.append(block_id)
         self.evictable.clear()
@@ -152,9 +156,9 @@ class BlockManager:
         """Drops the sequence's references; blocks nobody references any more are released (registered ones stay
         findable until their memory is needed). Its full blocks with computed KV (every position but the last
         token's) are registered first, so an agent's next turn or a readmission finds them."""
-        if sequence.prefill_launched:
+        if sequence.kv_epoch == self.epoch:  # its KV all computed by the current weights
             self.register(sequence, len(sequence) - 1)
-        sequence.prefill_launched = False
+        sequence.kv_epoch = None
         for block_id in reversed(sequence.block_table):
             self.reference_counts[block_id] -= 1
             if self.reference_counts[block_id] == 0:

@@ -114,7 +114,7 @@ class Scheduler:
         """Registers the full blocks `batch`, a prefill now queued on the device, computes: later steps run after
         it and may read them."""
         for sequence in batch.sequences:
-            sequence.prefill_launched = True
+            sequence.kv_epoch = self.block_manager.epoch
             self.block_manager.register(sequence, len(sequence))
 
     def _schedule_decode(self) -> ScheduledBatch:

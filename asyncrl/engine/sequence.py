@@ -68,8 +68,9 @@ class Sequence:
         self.num_cached_tokens = 0
         self.prefill_tokens_total = 0
         self.cached_tokens_total = 0
-        # Its blocks' KV is being computed: a prefill of it was launched since they were allocated.
-        self.prefill_launched = False
+        # The prefix cache's weights epoch when a prefill of it was launched (None: none since its blocks were
+        # allocated): its decode-filled blocks are reusable only if the weights have not changed since.
+        self.kv_epoch: int | None = None
         self._block_hashes: list[int] = []
 
     @property

@@ -87,6 +87,24 @@ def test_a_weight_update_invalidates_the_cache(tiny_folder):
     assert engine.prefill_counts.computed - computed_before == 17  # recomputed under the new weights
 
 
+def test_a_sequence_running_across_a_weight_update_registers_nothing(tiny_folder):
+    """Its KV mixes both weights' (requests in flight continue with the new ones): released after the update, its
+    blocks stay out of the cache, and the same prompt afterwards is computed whole."""
+    engine = make_engine(tiny_folder)
+    prompt_ids = prompt(17)
+    engine.add_request(GenerationRequest("across", prompt_ids,
+                                         SamplingParams(max_new_tokens=12, temperature=1.0, seed=1, ignore_eos=True)))
+    engine.step()  # its prefill, registered under the old weights
+    engine.step()
+    engine.update_weights([(name, parameter * 1.01) for name, parameter in engine.model.named_parameters()], 1)
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.block_manager.num_cached_blocks == 0
+    before = engine.prefill_counts.computed
+    group_one_at_a_time(engine, prompt_ids + [5, 6, 7, 8, 9, 10, 11], n=1)
+    assert engine.prefill_counts.computed - before == 24
+
+
 def test_a_preempted_sequence_is_readmitted_from_its_cached_prefix(tiny_folder):
     """A cache too small for every sequence at once: preempted sequences come back through the prefix cache
     (their prompt blocks), with the responses of the same engine without it (to 1e-5, as the multi-turn case)."""
