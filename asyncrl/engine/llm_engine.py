@@ -107,7 +107,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.config, self.max_model_len)
         # CPU GEMMs of fewer than 4 rows sum in another order than larger ones (MKL/oneDNN, fp32: results differ in
         # the last bit), so a prefill left with 1-3 tokens by a prefix hit would write KV that differs from a
-        # whole prefill's; computing at least 4 keeps the cache's outputs bitwise those of a run without it.
+        # whole prefill's; computing at least 4 keeps a group's outputs bitwise those of a run without the cache
+        # where the CPU's kernels round alike from 4 rows up (the development VM; other CPUs differ in the last bits).
         # MoE: off, because a cached prefix would come without the routing record of its positions, which routing
         # replay needs (`routing_log.py` records what each sequence's own forwards computed).
         self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, self.config.block_size,

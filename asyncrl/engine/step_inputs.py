@@ -1,9 +1,10 @@
 """Flattened model inputs of one step, built on the host and uploaded in a single copy.
 
-A prefill computes each group leader's tokens once, from the end of its cached prefix (rows = leaders); a follower reuses the leader's last
-hidden state for its first sample and receives the prompt's tail KV in its private last block through
-extra (row, slot) writes. A decode computes one token per sequence (rows = sequences). A decode scheduled
-ahead takes its input ids from the previous step's sampled tokens on the device, never from the host.
+A prefill computes each group leader's tokens once, from the end of its cached prefix (rows = leaders); a
+follower reuses the leader's last hidden state for its first sample and receives the prompt's tail KV in its
+private last block through extra (row, slot) writes. A decode computes one token per sequence (rows =
+sequences). A decode scheduled ahead takes its input ids from the previous step's sampled tokens on the
+device, never from the host.
 """
 
 from __future__ import annotations
