@@ -285,13 +285,13 @@ def plot_curves(results: dict[str, list[dict]], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figure, axis = plt.subplots(figsize=(7, 4))
-    colors = {"asyncrl": "tab:blue", "trl": "tab:orange"}
+    colors = {"asyncrl": "tab:blue", "asyncrl, actor.cuda_graphs": "tab:green", "trl": "tab:orange"}
     for system, runs in results.items():
         for index, run in enumerate(runs):
             points = run["validation"]["points"]
             axis.plot([point["train_seconds"] for point in points], [point["score"] for point in points],
                       marker="o", markersize=3, color=colors[system], alpha=0.8,
-                      label=f"{system} (GRPO sync)" if index == 0 else None)
+                      label=f"{system} (GRPO sync, {len(runs)} runs)" if index == 0 else None)
     axis.set_xlabel("training seconds (summed step time: generation, reward, update)")
     axis.set_ylabel("greedy validation accuracy")
     axis.set_title(title, fontsize=9)
