@@ -98,7 +98,7 @@ class AgentLoop:
         if trajectory.partial is not None:
             return GenerationRequest.resume(trajectory.partial, turn_params)
         return GenerationRequest(f"{trajectory.request_id}/turn{trajectory.num_turns}", trajectory.context_ids(),
-                                 turn_params)
+                                 turn_params, routed_experts=trajectory.routed_experts)
 
     async def run_tools(self, trajectory: Trajectory, turn: ParsedTurn, budget: int,
                         extra_info: dict[str, Any] | None) -> None:

@@ -14,6 +14,12 @@ string, a list/dict of those or a numpy array, so a checkpoint can hold trajecto
 
 A tool token carries log-prob 0 and the version of the model token before it (the policy whose call it
 answers), so staleness over all tokens is unchanged by tool tokens; it never trains (mask 0).
+
+On a mixture-of-experts engine the trajectory keeps one routing record over prompt and response (`routed_experts`,
+the engine's per-position experts): each turn's request carries the record so far, the engine appends the
+positions it computes first (tool tokens included, in the next turn's prefill), and a position keeps the experts it
+had when the tokens after it were sampled, also across a weight sync between turns, so routing replay reproduces
+every turn's sampling.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ it from there."""
     num_preemptions: int = 0
     finish_reason: Optional[str] = None
     partial: Optional[GenerationResult] = None   # a model turn aborted mid-generation (partial rollout resumes it)
+    routed_experts: Optional[np.ndarray] = None  # (n, L, k): an MoE engine's routing record of the first n positions
 
     @classmethod
     def start(cls, request_id: str, prompt_ids) -> "Trajectory":
@@ -89,6 +96,8 @@ it from there."""
         self.num_prefill_tokens += turn.num_prefill_tokens
         self.num_cached_tokens += turn.num_cached_tokens
         self.num_preemptions += turn.num_preemptions
+        if turn.routed_experts is not None:  # the turn's request carried the record so far: the engine extended it
+            self.routed_experts = turn.routed_experts
         self._extend(turn.response_ids, np.full(size, MODEL_TOKEN, np.int8), turn.response_log_probs,
                      turn.response_versions, self.num_turns)
         self.num_turns += 1
@@ -142,8 +151,9 @@ it from there."""
         "abort" while unfinished, "length" when the budget ended it, else "stop"."""
         reason = {"length": "length", None: "abort", "abort": "abort"}.get(self.finish_reason, "stop")
         return GenerationResult(self.request_id, self.prompt_ids.copy(), self.ids.copy(), self.log_probs.copy(),
-                                self.versions.copy(), reason, num_prefill_tokens=self.num_prefill_tokens,
-                                num_cached_tokens=self.num_cached_tokens, num_preemptions=self.num_preemptions)
+                                self.versions.copy(), reason, routed_experts=self.routed_experts,
+                                num_prefill_tokens=self.num_prefill_tokens, num_cached_tokens=self.num_cached_tokens,
+                                num_preemptions=self.num_preemptions)
 
     def num_calls(self, *statuses: str) -> int:
         """Tool calls of the trajectory (with one of `statuses`, when given)."""
