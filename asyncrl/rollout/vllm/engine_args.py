@@ -63,8 +63,9 @@ def check_vllm(config: AsyncRLConfig) -> None:
     log-probs vLLM reports as the trainer computes them, no LoRA, known engine arguments, a model the CPU build
     can run, no routing replay."""
     if config.algorithm.routing_replay:
-        # vLLM can record routed experts (enable_return_routed_experts), but this backend does not read them into
-        # results yet, and vLLM's record covers one forward per token (a prefix-cache hit or a resume recomputes).
+        # vLLM 0.32 returns routed experts (enable_return_routed_experts) only from its V2 model runner, which needs
+        # Triton (no CPU build) and VLLM_USE_V2_MODEL_RUNNER=1; its record is of the last forward of each position (a
+        # resume recomputes the prefix), where replay needs the forward that sampled the next token.
         raise ConfigError("rollout.backend=vllm with algorithm.routing_replay=true: the vLLM backend does not return "
                           "the experts it routed each token to yet; use rollout.backend=ray_replicas (asyncrl's "
                           "engine records them) or algorithm.routing_replay=false (docs/moe.md)")
