@@ -29,11 +29,13 @@ import textwrap
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from asyncrl.config import ConfigError, dump_config, load_config  # noqa: E402  (after the OpenMP setting)
+from asyncrl.config.docs import DEFAULT_OUTPUT as DEFAULT_DOCS_OUTPUT, check_or_write
 from asyncrl.data.demo_tasks import DEFAULT_MODE, DEFAULT_TASK, DEMO_TASKS
 from asyncrl.data.reader import DatasetError
 from asyncrl.data.tasks import TASKS
 from asyncrl.models.model_config import FAMILIES
 from asyncrl.recipes.errors import IncompatibleCheckpointError
+from asyncrl.rollout.agent import TOOL_CALL_PARSERS  # noqa: F401  (rollout.multi_turn.format's names, for the docs)
 from asyncrl.rollout.readiness import add_arguments as add_check_arguments, main as check_server_main
 from asyncrl.rewards.loader import RewardLoadError
 from asyncrl.serving.options import add_serve_arguments
@@ -58,8 +60,7 @@ def command_config_show(options: argparse.Namespace) -> int:
 
 
 def command_config_docs(options: argparse.Namespace) -> int:
-    from asyncrl.config.docs import main as docs_main
-    return docs_main([*(["--out", options.out] if options.out else []), *(["--check"] if options.check else [])])
+    return check_or_write(options.out or DEFAULT_DOCS_OUTPUT, options.check)
 
 
 def command_advise(options: argparse.Namespace) -> int:

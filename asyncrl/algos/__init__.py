@@ -2,8 +2,8 @@
 entropy, rollout correction and reward shaping (the overlong penalty). Imports nothing but torch; every function
 documents its tensor shapes (B = responses, T = padded response length) and returns ``(result, metrics)`` where it has metrics.
 
-Each family that a config chooses by name is a `Registry` whose entries carry their own metadata
-(`registry.py`): ADVANTAGE_ESTIMATORS, POLICY_LOSSES, KL_ESTIMATORS, LOSS_AGG_MODES, CORRECTION_LEVELS,
+Each family that a config chooses by name is a `Registry` (`asyncrl/registry.py`) whose entries carry their own
+metadata: ADVANTAGE_ESTIMATORS, POLICY_LOSSES, KL_ESTIMATORS, LOSS_AGG_MODES, CORRECTION_LEVELS,
 REJECTION_LEVELS, and the named settings of the rollout correction, ROLLOUT_CORRECTION_PRESETS.
 """
 
@@ -22,7 +22,6 @@ from asyncrl.algos.masked import masked_mean, masked_sum, masked_whiten
 from asyncrl.algos.moe import RoutingStatistics, balance_coefficient, load_balancing_loss, routing_statistics
 from asyncrl.algos.overlong import overlong_penalty
 from asyncrl.algos.policy_losses import POLICY_LOSSES, PolicyLossSpec
-from asyncrl.algos.registry import Entry, Registry
 from asyncrl.algos.rollout_correction import (
     CORRECTION_LEVELS,
     REJECTION_LEVELS,
@@ -37,7 +36,6 @@ __all__ = [
     "AdaptiveKLController",
     "AdvantageEstimatorSpec",
     "CORRECTION_LEVELS",
-    "Entry",
     "FixedKLController",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
@@ -45,7 +43,6 @@ __all__ = [
     "PolicyLossSpec",
     "REJECTION_LEVELS",
     "ROLLOUT_CORRECTION_PRESETS",
-    "Registry",
     "RejectionLevelSpec",
     "RolloutCorrectionPreset",
     "aggregate_loss",

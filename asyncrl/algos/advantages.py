@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.algos.masked import as_bool_mask, count_valid, fill_invalid, masked_sum, masked_whiten
-from asyncrl.algos.registry import Entry, Registry, column
+from asyncrl.registry import Entry, Registry, column
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.algos.masked import as_bool_mask, count_valid, fill_invalid
-from asyncrl.algos.registry import Entry, Registry
+from asyncrl.registry import Entry, Registry
 
 # Every mode: fn(sequence_sums (B,), mask (B, T), *, num_tokens, num_seqs, norm_length) -> scalar loss.
 LOSS_AGG_MODES: Registry[Entry] = Registry("loss aggregation mode", Entry)

@@ -19,7 +19,7 @@ metadata, which the generated reference shows as a table. The name-to-keys table
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Optional
 
-from asyncrl.algos.registry import Entry, Registry, column
+from asyncrl.registry import Entry, Registry, column
 
 
 @dataclass(frozen=True)
@@ -94,4 +94,4 @@ def _settings_function(name: str) -> Callable[[], dict[str, Any]]:
 
 
 for _name, (_summary, _settings) in _PRESETS.items():
-    ROLLOUT_CORRECTION_PRESETS.add(_name, _settings_function(_name), summary=_summary, **_settings)
+    ROLLOUT_CORRECTION_PRESETS.register(_name, summary=_summary, **_settings)(_settings_function(_name))

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.algos.masked import as_bool_mask, count_valid, fill_invalid, masked_mean, metrics_to_floats
-from asyncrl.algos.registry import Entry, Registry
+from asyncrl.registry import Entry, Registry
 
 _MAX_LOG_RATIO = 20.0
 _MAX_K3 = 10.0
@@ -38,7 +38,7 @@ def k1(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     return log_probs - ref_log_probs
 
 
-KL_ESTIMATORS.add("kl", k1, summary="another name for k1")
+KL_ESTIMATORS.register("kl", summary="another name for k1")(k1)
 
 
 @KL_ESTIMATORS.register("abs", summary="|delta|")
@@ -53,7 +53,7 @@ def k2(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     return 0.5 * (log_probs - ref_log_probs).square()
 
 
-KL_ESTIMATORS.add("mse", k2, summary="another name for k2")
+KL_ESTIMATORS.register("mse", summary="another name for k2")(k2)
 
 
 @KL_ESTIMATORS.register("k3", summary="exp(-delta) + delta - 1 >= 0: unbiased, low variance, clamped to [-10, 10]")
@@ -63,7 +63,7 @@ def k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     return (torch.exp(negative_delta) - negative_delta - 1.0).clamp(-_MAX_K3, _MAX_K3)
 
 
-KL_ESTIMATORS.add("low_var_kl", k3, summary="another name for k3")
+KL_ESTIMATORS.register("low_var_kl", summary="another name for k3")(k3)
 
 
 def _straight_through(base):
@@ -81,8 +81,8 @@ def _straight_through(base):
 
 def _register_straight_through_variants() -> None:
     for base in KL_ESTIMATORS.specs():
-        KL_ESTIMATORS.add(f"{base.name}+", _straight_through(base.fn),
-                          summary=f"forward value of {base.name}, gradient of k2 (unbiased for KL(policy || ref))")
+        KL_ESTIMATORS.register(f"{base.name}+", summary=f"forward value of {base.name}, gradient of k2 (unbiased "
+                                                        f"for KL(policy || ref))")(_straight_through(base.fn))
 
 
 _register_straight_through_variants()

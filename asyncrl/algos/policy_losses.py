@@ -39,7 +39,7 @@ from torch import Tensor
 
 from asyncrl.algos.aggregation import aggregate_loss
 from asyncrl.algos.masked import as_bool_mask, fill_invalid, masked_mean
-from asyncrl.algos.registry import Entry, Registry, column
+from asyncrl.registry import Entry, Registry, column
 
 _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: large enough never to matter, small enough never to overflow float32
 

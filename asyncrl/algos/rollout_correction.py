@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.algos.masked import as_bool_mask, fill_invalid, masked_mean, masked_sum, metrics_to_floats
-from asyncrl.algos.registry import Entry, Registry, column
+from asyncrl.registry import Entry, Registry, column
 
 _MAX_LOG_RATIO = 20.0
 _PREFIX = "rollout_corr/"

@@ -5,9 +5,12 @@ docs generator.
     top_k: int = option(-1, "top-k sampling; -1 disables", ge=1, also_allowed=(-1,))
     betas: list[float] = option([0.9, 0.999], "AdamW betas", ge=0.0, lt=1.0)      # bounds of every item
     adv_estimator: str = option("grpo", "advantage estimator", choices=ADVANTAGE_ESTIMATORS)
+    backend: str = option("auto", "rollout backend", choices="rollout backend", also_allowed=("auto",))
 
 Bounds and choices are checked by `asyncrl.config.loader` when a config is built, so an out-of-range value or
-an unregistered name fails with its full dotted key before any work starts. `also_allowed` names the values
+an unregistered name fails with its full dotted key before any work starts. A registry declared above the config
+tree (a rollout backend, a tool-call format: their entries live in asyncrl.rollout) is named by its family and
+checked by `check_named_choices` at pre-flight, once its module is imported, still before Ray starts. `also_allowed` names the values
 that mean something of their own outside the bounds (an "off" value); a list's bounds hold for each item. A
 field's choices are the registry itself, read when the config is built: a name registered by the user's own
 code is valid. Rules that hold for every field need no metadata: a float is finite, an int fits in 64 bits.
@@ -18,14 +21,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from asyncrl.algos import Registry
+from asyncrl.registry import Registry
 
 
 def option(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,
            le: float | None = None, lt: float | None = None, also_allowed: tuple[Any, ...] = (),
-           choices: Optional[Registry] = None) -> Any:
+           choices: Optional[Registry | str] = None) -> Any:
     """A config field: `default` (a list or dataclass default is copied per instance), its help, bounds, the
-    values allowed outside them and the registry its value names an entry of."""
+    values allowed outside them and the registry its value names an entry of (or that registry's family)."""
     metadata = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "also_allowed": also_allowed,
                 "choices": choices}
     if isinstance(default, list):

@@ -29,6 +29,7 @@ from asyncrl.config.fields import bounds_text, is_within_bounds
 from asyncrl.config.invariants import check_invariants, resolve_critic
 from asyncrl.config.schema import AsyncRLConfig
 from asyncrl.config.yaml_reader import load_yaml, read_yaml
+from asyncrl.registry import Registry, registry_named
 
 # Every integer reaches torch or numpy as an int64 somewhere (seeds, sizes, counts).
 MAX_INT = 2**63 - 1
@@ -196,10 +197,27 @@ def check_bounds(field: dataclasses.Field, value: Any, key: str) -> None:
 
 
 def check_choice(field: dataclasses.Field, value: Any, key: str) -> None:
-    """A value that names a registry entry must name a registered one (None stays None where allowed)."""
+    """A value that names a registry entry must name a registered one (None stays None where allowed). A
+    registry named by its family is declared above the config tree: `check_named_choices` checks it later."""
     registry = field.metadata.get("choices")
-    if registry is not None and value is not None and value not in registry:
+    if isinstance(registry, Registry):
+        check_registered(registry, field, value, key)
+
+
+def check_registered(registry: Registry, field: dataclasses.Field, value: Any, key: str) -> None:
+    if value is not None and value not in field.metadata["also_allowed"] and value not in registry:
         raise ConfigError(f"{key}: {registry.unknown_name_message(value)}")
+
+
+def check_named_choices(config: Any, prefix: str = "") -> None:
+    """Every key whose registry is named by its family (declared above the config tree) names a registered
+    entry: run at pre-flight, once the modules that declare those registries are imported."""
+    for field in dataclasses.fields(config):
+        value, key = getattr(config, field.name), prefix + field.name
+        if dataclasses.is_dataclass(value):
+            check_named_choices(value, key + ".")
+        elif isinstance(field.metadata.get("choices"), str):
+            check_registered(registry_named(field.metadata["choices"]), field, value, key)
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

@@ -39,9 +39,8 @@ class MultiTurnConfig:
     tool_config_path: str = option("", "YAML file of the tools: each tool's class_name (a built-in name, "
                                        "'file.py:function' or 'package.module:Class'), its config and its OpenAI "
                                        "function schema (tool_schema)")
-    format: str = option("hermes", "tool-call format the model writes, a name registered in "
-                                   "asyncrl.rollout.agent.TOOL_CALL_PARSERS: hermes = <tool_call>{\"name\": ..., "
-                                   "\"arguments\": {...}}</tool_call> (Qwen2.5)")
+    format: str = option("hermes", "tool-call format the model writes (asyncrl.rollout.agent.TOOL_CALL_PARSERS)",
+                         choices="tool-call format")
     tool_timeout_s: float = option(30.0, "wall-time limit of one tool call unless its config sets timeout_s; past "
                                          "it the model reads a timeout error", gt=0.0, le=MAX_WAIT_S)
 
@@ -144,12 +143,9 @@ class RolloutConfig:
                 "SiLU x up and residual adds folded in; Hopper, bf16 and decode_attention=cuda only, built on first "
                 "use; an error where they cannot run), torch = the model's layers (compiled), auto = fused where "
                 "they run, else torch with a warning")
-    backend: str = option(
-        "auto", "rollout backend, a name registered in asyncrl.rollout.ROLLOUT_BACKENDS (verl: rollout.name): "
-                "colocated = an engine inside each trainer rank, ray_replicas = Ray replica actors on devices of "
-                "their own, vllm = Ray replica actors hosting vLLM engines (rollout.vllm), external = "
-                "OpenAI-compatible HTTP servers (rollout.external); auto = colocated in trainer.mode=sync, "
-                "ray_replicas otherwise")
+    backend: str = option("auto", "rollout backend (asyncrl.rollout.ROLLOUT_BACKENDS; verl: rollout.name); auto = "
+                                  "colocated in trainer.mode=sync, ray_replicas otherwise",
+                          choices="rollout backend", also_allowed=("auto",))
     n_gpus_per_node: int = option(1, "rollout devices per node in separated modes (CPU slots on CPU)", gt=0)
     max_replica_restarts: int = option(3, "times Ray restarts a rollout replica that died (fully_async then "
                                           "re-syncs its weights and re-queues its requests)", ge=0)

@@ -10,7 +10,10 @@ A local cluster is closed to the network and ends with its driver:
   interface (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME).
 - Every connection carries a token made for this run (Ray's token authentication, on by default for a local
   cluster; the token in RAY_AUTH_TOKEN, in the environment of the run's own processes only): another user of
-  the machine, who can reach 127.0.0.1, cannot run a task. RAY_AUTH_MODE=disabled turns it off.
+  the machine, who can reach 127.0.0.1, cannot run a task. RAY_AUTH_MODE=disabled turns it off. Ray reads
+  RAY_AUTH_TOKEN before any file, and the run checks after the start that its cluster holds the run's token:
+  Ray never falls back to ~/.ray/auth_token, a file shared by every run of the user that Ray creates readable
+  by all.
 - It ends with the driver, however the driver ends: `cluster_reaper.py` kills what is left (Ray's agents
   would otherwise outlive a killed driver by a minute or more).
 - SIGTERM outside a training step (while the run starts or closes) prints one line and exits with status 143
@@ -38,6 +41,7 @@ from typing import Any, Optional
 
 import ray
 from ray._private import ray_constants
+from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode
 
 from asyncrl.config.schema import RayConfig
 from asyncrl.launch import cluster_reaper
@@ -77,6 +81,11 @@ def start_ray(config: RayConfig, log_to_driver: bool = True) -> None:
         logger.warning("the local Ray cluster took the address %s, not %s: this Ray version may listen on every "
                        "interface (the cluster still requires its token)", node_address, LOOPBACK)
     start_reaper(descendant_processes() - before)
+    try:
+        check_run_token()
+    except RuntimeError:
+        stop_ray()
+        raise
 
 
 def stop_ray() -> None:
@@ -95,12 +104,32 @@ def secure_local_environment() -> None:
     RAY_AUTH_MODE is left to Ray: unset, a new local cluster turns token authentication on (this Ray reads the
     mode when it is imported, and turns it on itself only where the variable is unset). The token is made for
     this run, in its processes' environment, rather than Ray's default file shared by every run of the user."""
-    if os.environ.get("RAY_AUTH_MODE", "token") == "token" and not os.environ.get("RAY_AUTH_TOKEN"):
+    if uses_token_authentication() and not os.environ.get("RAY_AUTH_TOKEN"):
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     interface = loopback_interface()
     if interface is not None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
+
+
+def uses_token_authentication() -> bool:
+    """Whether a new local cluster of this Ray authenticates by token: RAY_AUTH_MODE unset, or `token` in any
+    case (Ray reads the value case-insensitively: a check of the exact spelling would leave RAY_AUTH_MODE=TOKEN
+    without the run's token, and Ray would write its own to ~/.ray/auth_token)."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    return mode is None or mode.lower() == "token"
+
+
+def check_run_token() -> None:
+    """The started cluster authenticates with the run's token (RAY_AUTH_TOKEN), never a token Ray found or made
+    elsewhere: raises RuntimeError otherwise, before any actor of the run starts."""
+    if get_authentication_mode() != AuthenticationMode.TOKEN:
+        return
+    expected = os.environ.get("RAY_AUTH_TOKEN", "")
+    if not expected or AuthenticationTokenLoader.instance().get_raw_token() != expected:
+        source = "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token" if not expected else "a token other than RAY_AUTH_TOKEN"
+        raise RuntimeError(f"the local Ray cluster authenticates with {source}, not the run's own token in "
+                           f"RAY_AUTH_TOKEN: set RAY_AUTH_TOKEN, or RAY_AUTH_MODE=disabled to run without a token")
 
 
 def loopback_interface() -> Optional[str]:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import ray
 import torch
 
-from asyncrl.config import AsyncRLConfig, ConfigError, check_environment, dump_config
+from asyncrl.config import AsyncRLConfig, ConfigError, check_environment, check_named_choices, dump_config
 from asyncrl.core import PPOCore, Runtime, TrainerGroup
 from asyncrl.core.trainer_rank import TrainerActor
 from asyncrl.data.dataset import PromptDataset
@@ -48,6 +48,7 @@ def load_inputs(config: AsyncRLConfig) -> tuple[Any, PromptDataset, Optional[Pro
     """Tokenizer and datasets: everything that can be wrong with the user's files and the machine (a CUDA
     device, the resume folder), checked before Ray."""
     check_environment(config, has_ray_cluster=ray.is_initialized())
+    check_named_choices(config)   # rollout.backend, rollout.multi_turn.format: registries of asyncrl.rollout
     warn_about_sampling(config)
     model_config, tokenizer = check_model_inputs(config)
     check_tools(config)

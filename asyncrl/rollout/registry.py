@@ -23,7 +23,7 @@ from typing import Any, Callable, Literal, Optional, Protocol
 import numpy as np
 import torch
 
-from asyncrl.algos.registry import Entry, Registry, column
+from asyncrl.registry import Entry, Registry, column
 from asyncrl.config import AsyncRLConfig, ConfigError
 
 Placement = Literal["colocated", "separate", "external"]

@@ -51,7 +51,7 @@ def test_the_generated_reference_lists_only_what_asyncrl_ships():
     text = render_configuration_markdown()
     assert "group_sign" not in text
     assert "| `gpg` |" in text
-    assert DOCS_FILE.read_text() == text, "docs/configuration.md is stale: run `python -m asyncrl.config.docs`"
+    assert DOCS_FILE.read_text() == text, "docs/configuration.md is stale: run `asyncrl config docs`"
 
 
 def test_a_sync_run_trains_with_the_new_estimators_advantages(make_config, ray_session, warm_policy):

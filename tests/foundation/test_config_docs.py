@@ -1,6 +1,6 @@
 """docs/configuration.md is generated from the config dataclasses; these tests fail when it is stale.
 
-Regenerate with `python -m asyncrl.config.docs` after changing `asyncrl/config/schema.py`.
+Regenerate with `asyncrl config docs` after changing `asyncrl/config/schema.py` or a shipped registry entry.
 """
 
 import dataclasses
@@ -8,9 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from asyncrl.algos import ADVANTAGE_ESTIMATORS, AdvantageEstimatorSpec
+from asyncrl.config import ConfigError, check_named_choices, load_config
 from asyncrl.config.docs import render_configuration_markdown
 from asyncrl.config.schema import AsyncRLConfig
+from asyncrl.rollout import ROLLOUT_BACKENDS, RolloutBackendSpec
+from asyncrl.rollout.agent import TOOL_CALL_PARSERS
 
 DOCS_FILE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -33,7 +38,7 @@ def row_of(text, key):
 
 def test_configuration_markdown_is_current():
     assert DOCS_FILE.read_text() == render_configuration_markdown(), \
-        "docs/configuration.md is stale: run `python -m asyncrl.config.docs`"
+        "docs/configuration.md is stale: run `asyncrl config docs`"
 
 
 def test_every_leaf_key_has_exactly_one_row():
@@ -87,17 +92,44 @@ def test_a_new_shipped_entry_makes_the_committed_reference_stale(monkeypatch):
     assert DOCS_FILE.read_text() != text
 
 
+def test_the_rollout_keys_help_is_generated_from_the_rollout_registries(monkeypatch):
+    """rollout.backend and rollout.multi_turn.format name registries declared above the config tree (by family):
+    their names, their tables and a new shipped entry come from those registries, as an estimator's do."""
+    text = render_configuration_markdown()
+    backends = [spec.name for spec in ROLLOUT_BACKENDS.builtin_specs()]
+    assert row_of(text, "rollout.backend")[1] == r" \| ".join(["auto", *backends])
+    assert row_of(text, "rollout.multi_turn.format")[1] == r" \| ".join(TOOL_CALL_PARSERS)
+    assert row_of(text, "ray_replicas")[2:] == ["separate", "yes", "no"]   # placement, replica actor, check
+    assert row_of(text, "external")[1] == ROLLOUT_BACKENDS.spec("external").summary
+    entry = RolloutBackendSpec(name="shipped_backend", fn=ROLLOUT_BACKENDS["external"], summary="a new backend",
+                               placement="external")
+    builtins = ROLLOUT_BACKENDS.builtin_specs()
+    monkeypatch.setattr(ROLLOUT_BACKENDS, "builtin_specs", lambda: [*builtins, entry])
+    changed = render_configuration_markdown()
+    assert row_of(changed, "shipped_backend")[1:3] == ["a new backend", "external"]
+    assert row_of(changed, "rollout.backend")[1].endswith(r"external \| shipped_backend")
+
+
+def test_rollout_keys_naming_nothing_registered_fail_before_ray_naming_the_closest():
+    for key, value, closest in (("rollout.backend", "ray_replica", "ray_replicas"),
+                                ("rollout.multi_turn.format", "hermez", "hermes")):
+        config = load_config(None, [f"{key}={value}"])   # checked at pre-flight, where the registries are loaded
+        with pytest.raises(ConfigError, match=rf"^{key}: unknown .* {value!r}; did you mean {closest!r}\?"):
+            check_named_choices(config)
+    check_named_choices(load_config(None, ["rollout.backend=auto", "rollout.multi_turn.format=hermes"]))
+
+
 def test_check_flag_reports_a_stale_file(tmp_path):
     stale = tmp_path / "configuration.md"
     stale.write_text("old\n")
-    command = [sys.executable, "-m", "asyncrl.config.docs", "--out", str(stale)]
+    command = [sys.executable, "-m", "asyncrl.cli", "config", "docs", "--out", str(stale)]
     assert subprocess.run([*command, "--check"], capture_output=True, timeout=120).returncode == 1
     assert subprocess.run(command, capture_output=True, timeout=120).returncode == 0
     assert subprocess.run([*command, "--check"], capture_output=True, timeout=120).returncode == 0
     assert stale.read_text() == render_configuration_markdown()
 
 
-def test_the_cli_checks_the_reference_as_the_module_does(tmp_path, capsys):
+def test_the_cli_checks_the_reference(tmp_path, capsys):
     from asyncrl.cli import main
     assert main(["config", "docs", "--check"]) == 0
     assert "up to date" in capsys.readouterr().out

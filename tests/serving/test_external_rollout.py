@@ -1,7 +1,7 @@
 """rollout.backend=external against two real `asyncrl serve` processes, without a training run: generation through
 HTTP equals the engine's, a weight sync reloads every server (checked by checksum) and stamps the new version, a
 server killed mid-use leaves the rotation while its requests are answered by the other, and with every server
-dead the call fails naming each one."""
+dead the call fails naming each one; a server whose reload never reaches its engine fails the sync's checksum."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ from asyncrl.config import load_config
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from asyncrl.models import build_tiny_model
 from asyncrl.remote import RemoteUnavailableError
-from asyncrl.rollout import ExternalRollout, RolloutContext
+from asyncrl.rollout import ExternalRollout, RolloutContext, RolloutError
 from asyncrl.rollout.external_client import ServerClient, ServerFailure
 from asyncrl.rollout.external_weights import folder_checksum
 from asyncrl.rollout.server_api import AsyncrlServerApi
 from tests.serving.conftest import API_KEY
-from tests.serving.server_process import start_server
+from tests.serving.lying_server import lying_server
+from tests.serving.server_process import running_server, start_server
 
 
 class FolderTrainers:
@@ -141,3 +142,23 @@ def test_a_server_that_dies_between_its_reload_and_the_checksum_leaves_the_rotat
     dead.add(urls[0])
     with pytest.raises(RemoteUnavailableError, match="every rollout server is out of rotation"):
         rollout.sync_weights(2)
+
+
+def test_a_server_whose_reload_never_lands_fails_the_sync_by_its_checksum(tmp_path):
+    """A real `asyncrl serve` behind a gateway that answers every reload as done without passing it on: the
+    server keeps its old weights, and its true checksum (the old policy's) must fail the sync, naming it."""
+    old = build_tiny_model(tmp_path / "old", family="qwen2", seed=0, max_position_embeddings=256)
+    new = build_tiny_model(tmp_path / "new", family="qwen2", seed=1, max_position_embeddings=256)
+    assert folder_checksum(old, torch.float32) != folder_checksum(new, torch.float32)
+    with running_server(old, log_dir=tmp_path) as upstream, lying_server(upstream.base_url, old, "stale_weights") as url:
+        config = load_config(None, [f"model.path={old}", "rollout.backend=external", "rollout.external.verify_weights=true",
+                                    f"rollout.external.urls=[{url}]", "rollout.external.timeout_s=60",
+                                    f"trainer.output_dir={tmp_path / 'run'}", "trainer.device=cpu"])
+        rollout = ExternalRollout(RolloutContext(config, FolderTrainers([new]), [], torch.float32,
+                                                 lambda: ("127.0.0.1", 0)))
+        with pytest.raises(RolloutError, match="serves weights that differ") as error:
+            rollout.sync_weights(1)
+        assert url in str(error.value)
+        expected = folder_checksum(old, torch.float32)[:12]
+        assert f"sha256 {expected}..." in str(error.value)   # what it holds: the old policy
+        assert rollout.version == 0

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from asyncrl.algos.registry import Entry, Registry, column
+from asyncrl.registry import Entry, Registry, column
 
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from asyncrl.algos.registry import Entry, Registry
+from asyncrl.registry import Entry, Registry
 from asyncrl.rollout.external_client import ServerFailure, ServerRequestError
 from asyncrl.rollout.external_weights import folder_checksum
 from asyncrl.rollout.readiness.probe import Sample, ServerUnderCheck

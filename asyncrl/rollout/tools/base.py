@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from asyncrl.algos.registry import Entry, Registry, column
+from asyncrl.registry import Entry, Registry, column
 
 # Plain (synchronous) tools run here, not in asyncio's default pool: a tool that hangs past its timeout
 # keeps its thread, and must not starve the engine's or the reward's threads.

@@ -75,7 +75,7 @@ class Calculator(Tool):
         return calculate(arguments[self.argument])
 
 
-TOOLS.add("calculator", Calculator, runs="in the event loop (microseconds)",
-          schema=function_schema("calc", "evaluate an arithmetic expression exactly",
-                                 {"expr": "the expression, e.g. 1234*5678"}),
-          summary="exact arithmetic: numbers, + - * / // % **, parentheses")
+TOOLS.register("calculator", runs="in the event loop (microseconds)",
+               schema=function_schema("calc", "evaluate an arithmetic expression exactly",
+                                      {"expr": "the expression, e.g. 1234*5678"}),
+               summary="exact arithmetic: numbers, + - * / // % **, parentheses")(Calculator)

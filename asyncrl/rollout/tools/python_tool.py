@@ -74,8 +74,8 @@ def tail(stderr: str) -> str:
     return f": {stderr[-STDERR_TAIL_CHARS:].strip()}" if stderr.strip() else ""
 
 
-TOOLS.add("python", PythonTool, runs="in a sandboxed subprocess",
-          schema=function_schema("python", "run Python code and return what it prints",
-                                 {"code": "the program; print the result"}),
-          summary="a Python interpreter in a bubblewrap sandbox (read-only system, its own writable directory, "
-                  "own PID and network namespaces; wall, CPU, memory, output, process limits)")
+TOOLS.register("python", runs="in a sandboxed subprocess",
+               schema=function_schema("python", "run Python code and return what it prints",
+                                      {"code": "the program; print the result"}),
+               summary="a Python interpreter in a bubblewrap sandbox (read-only system, its own writable directory, "
+                       "own PID and network namespaces; wall, CPU, memory, output, process limits)")(PythonTool)

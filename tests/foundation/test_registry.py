@@ -1,5 +1,6 @@
-"""The registry of an algorithm family: entries carry their own metadata, stay plain callables, and a wrong
-name fails naming the closest registered one."""
+"""The registry of a family of named entries (the ground floor: asyncrl/registry.py): entries carry their own
+metadata, stay plain callables, are registered with one spelling, a wrong name fails naming the closest registered
+one, and a registry is found by its family."""
 
 import ast
 import sys
@@ -18,9 +19,10 @@ from asyncrl.algos import (
     ROLLOUT_CORRECTION_PRESETS,
 )
 from asyncrl.algos.masked import masked_mean, masked_sum
-from asyncrl.algos.registry import Entry, Registry, column
+from asyncrl.registry import Entry, Registry, column, registry_named
 
-ALGOS = Path(__file__).resolve().parents[2] / "asyncrl" / "algos"
+PACKAGE = Path(__file__).resolve().parents[2] / "asyncrl"
+ALGOS = PACKAGE / "algos"
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ def test_a_registered_function_is_returned_unchanged_and_called_by_name():
     assert registry["double"](21) == 42
     spec = registry.spec("double")
     assert (spec.name, spec.fn, spec.summary, spec.is_sharp) == ("double", double, "2x", True)
-    registry.add("twice", double, summary="2x again")
+    registry.register("twice", summary="2x again")(double)
     assert registry.spec("twice").is_sharp is False  # the record's default
     assert list(registry) == ["double", "twice"] and len(registry) == 2 and dict(registry) == {
         "double": double, "twice": double}
@@ -49,35 +51,35 @@ def test_a_registered_function_is_returned_unchanged_and_called_by_name():
 def test_metadata_the_record_does_not_have_fails_at_registration():
     registry = Registry("toy", ToySpec)
     with pytest.raises(TypeError, match="is_blunt"):
-        registry.add("double", double, summary="2x", is_blunt=True)
+        registry.register("double", summary="2x", is_blunt=True)(double)
     with pytest.raises(TypeError, match="summary"):
-        registry.add("double", double)
+        registry.register("double")(double)
     assert "double" not in registry
 
 
 def test_a_name_is_registered_once():
     registry = Registry("toy", ToySpec)
-    registry.add("double", double, summary="2x")
+    registry.register("double", summary="2x")(double)
     with pytest.raises(ValueError, match=r"toy 'double' is already registered \(by .*test_registry\.double\)"):
-        registry.add("double", lambda x: x, summary="would replace it")
+        registry.register("double", summary="would replace it")(lambda x: x)
     assert registry["double"] is double
 
 
 def test_an_unknown_name_names_the_closest_registered_one_or_lists_them_all():
     registry = Registry("toy", ToySpec)
-    registry.add("double", double, summary="2x")
-    registry.add("triple", double, summary="3x")
+    registry.register("double", summary="2x")(double)
+    registry.register("triple", summary="3x")(double)
     with pytest.raises(ValueError, match=r"^unknown toy 'doubel'; did you mean 'double'\? valid names: double, triple$"):
         registry["doubel"]
     with pytest.raises(ValueError, match=r"^unknown toy 'zzz'; valid names: double, triple$"):
         registry.spec("zzz")
 
 
-def test_builtin_specs_are_the_entries_defined_in_asyncrl_algos():
+def test_builtin_specs_are_the_entries_defined_in_asyncrl():
     registry = Registry("toy", ToySpec)
-    registry.add("mean", masked_mean, summary="from asyncrl.algos")
-    registry.add("double", double, summary="from this test")
-    registry.add("sum", masked_sum, summary="from asyncrl.algos")
+    registry.register("mean", summary="from asyncrl.algos")(masked_mean)
+    registry.register("double", summary="from this test")(double)
+    registry.register("sum", summary="from asyncrl.algos")(masked_sum)
     assert [spec.name for spec in registry.builtin_specs()] == ["mean", "sum"]
     assert [spec.name for spec in registry.specs()] == ["mean", "double", "sum"]
 
@@ -97,8 +99,25 @@ def test_algos_imports_nothing_but_torch_and_the_standard_library():
                 roots = [alias.name.split(".")[0] for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 roots = [(node.module or "").split(".")[0]]
-                if roots == ["asyncrl"]:
-                    assert node.module.startswith("asyncrl.algos"), f"{path.name} imports {node.module}"
+                if roots == ["asyncrl"]:   # its own modules, and the ground floor's registry
+                    assert node.module.startswith("asyncrl.algos") or node.module == "asyncrl.registry", \
+                        f"{path.name} imports {node.module}"
             else:
                 continue
             assert set(roots) <= allowed, f"{path.name} imports {roots}"
+
+
+def test_a_registry_is_found_by_its_family_once_declared_and_a_family_is_declared_once():
+    registry = Registry("toy", ToySpec)
+    assert registry_named("toy") is registry and registry_named("advantage estimator") is ADVANTAGE_ESTIMATORS
+    with pytest.raises(ValueError, match="a registry of 'toy' already exists"):
+        Registry("toy", ToySpec)
+    with pytest.raises(LookupError, match="no registry of 'toy tool' is loaded"):
+        registry_named("toy tool")
+
+
+def test_the_registry_is_the_ground_floor_and_has_one_registration_spelling():
+    source = (PACKAGE / "registry.py").read_text()
+    imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
+    assert not any((module or "").startswith("asyncrl") for module in imported)
+    assert not hasattr(Registry, "add")

@@ -1,8 +1,11 @@
-"""A registry per algorithm family: each entry is a function plus its own metadata, registered next to its
-definition.
+"""A registry of one family of named entries (an advantage estimator, a policy loss, a rollout backend, a tool,
+a tool-call format...): each entry is a function or class plus its own metadata, registered next to its
+definition with one spelling, the decorator.
 
     @ADVANTAGE_ESTIMATORS.register("grpo", needs_groups=True, summary="(r - group mean) / group std")
     def grpo(token_level_rewards, response_mask, group_ids, *, values=None, ...): ...
+
+    KL_ESTIMATORS.register("kl", summary="another name for k1")(k1)   # an alias, or an entry made in a loop
 
     ADVANTAGE_ESTIMATORS["grpo"](rewards, mask, group_ids, ...)    # the function, called as before
     ADVANTAGE_ESTIMATORS.spec("grpo").needs_groups                  # what it needs, read by config validation
@@ -10,17 +13,22 @@ definition.
 Every entry of one registry has the same signature, so a call site is one line. The family's record type
 (a frozen dataclass deriving from `Entry`) says which metadata an entry carries; a registration that names a
 field the record does not have is a TypeError at import. Config validation, the schema's help and
-docs/configuration.md read names and metadata from here, so a new estimator or loss is one function and one
-registration, from any module. An unknown name raises ValueError naming the closest registered one.
+docs/configuration.md read names and metadata from here, so a new estimator, loss or backend is one definition
+and one registration, from any module. An unknown name raises ValueError naming the closest registered one.
+
+This module is the ground floor: it imports nothing of asyncrl, so every room may declare a registry. A config
+key that chooses from a registry declared above the config tree names it by its family
+(`registry_named("rollout backend")`), read once the registry's module is imported.
 """
 
 import difflib
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
-# Entries whose function is defined in this package are the ones asyncrl ships (and documents).
-PACKAGE_PREFIX = "asyncrl.algos."
+# Entries whose function or class is defined in this package are the ones asyncrl ships (and documents).
+PACKAGE_PREFIX = "asyncrl."
 
 
 @dataclass(frozen=True)
@@ -46,31 +54,28 @@ class Registry(Mapping[str, Callable[..., Any]], Generic[S]):
     """name -> function, in registration order, with each entry's record behind `spec(name)`."""
 
     def __init__(self, family: str, record: type[S], plural: str = ""):
+        if family in FAMILIES:
+            raise ValueError(f"a registry of {family!r} already exists ({FAMILIES[family]!r})")
         self.family = family  # "advantage estimator": used in messages and headings
         self.plural = plural or f"{family}s"
         self.record = record
         self._specs: dict[str, S] = {}
+        FAMILIES[family] = self
 
     def register(self, name: str, **metadata: Any) -> Callable[[F], F]:
-        """Decorator: registers the function under `name` with `metadata` (the record's fields) and returns it
-        unchanged."""
+        """Decorator: registers the function (or class) under `name` with `metadata` (the record's fields) and
+        returns it unchanged. A name is registered once (a second registration would silently replace what
+        every config naming it runs)."""
 
         def decorator(fn: F) -> F:
-            self.add(name, fn, **metadata)
+            if name in self._specs:
+                existing = self._specs[name].fn
+                raise ValueError(f"{self.family} {name!r} is already registered "
+                                 f"(by {existing.__module__}.{existing.__qualname__})")
+            self._specs[name] = self.record(name=name, fn=fn, **metadata)
             return fn
 
         return decorator
-
-    def add(self, name: str, fn: Callable[..., Any], **metadata: Any) -> S:
-        """Registers `fn` under `name`; a name is registered once (a second registration would silently
-        replace what every config naming it runs)."""
-        if name in self._specs:
-            existing = self._specs[name].fn
-            raise ValueError(f"{self.family} {name!r} is already registered "
-                             f"(by {existing.__module__}.{existing.__qualname__})")
-        spec = self.record(name=name, fn=fn, **metadata)
-        self._specs[name] = spec
-        return spec
 
     def spec(self, name: str) -> S:
         """The record of `name`: its function and metadata."""
@@ -83,7 +88,7 @@ class Registry(Mapping[str, Callable[..., Any]], Generic[S]):
         return list(self._specs.values())
 
     def builtin_specs(self) -> list[S]:
-        """The records asyncrl ships (their function is defined in asyncrl.algos), in registration order: what
+        """The records asyncrl ships (their function or class is defined in asyncrl), in registration order: what
         the generated reference lists, so that it does not depend on what a process registered besides."""
         return [spec for spec in self._specs.values() if spec.fn.__module__.startswith(PACKAGE_PREFIX)]
 
@@ -107,3 +112,16 @@ class Registry(Mapping[str, Callable[..., Any]], Generic[S]):
 
     def __repr__(self) -> str:
         return f"Registry({self.family!r}: {', '.join(self._specs)})"
+
+
+# Every live registry by family: a registry lives as long as the module that declares it (a test's own dies with
+# the test), so a family is declared once at a time.
+FAMILIES: "weakref.WeakValueDictionary[str, Registry]" = weakref.WeakValueDictionary()
+
+
+def registry_named(family: str) -> Registry:
+    """The registry of `family` (its declaring module must have been imported)."""
+    if family not in FAMILIES:
+        raise LookupError(f"no registry of {family!r} is loaded (loaded: {', '.join(sorted(FAMILIES))}); import "
+                          f"the module that declares it first")
+    return FAMILIES[family]
