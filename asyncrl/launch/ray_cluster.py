@@ -41,7 +41,6 @@ from typing import Any, Optional
 
 import ray
 from ray._private import ray_constants
-from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode
 
 from asyncrl.config.schema import RayConfig
 from asyncrl.launch import cluster_reaper
@@ -122,7 +121,12 @@ def uses_token_authentication() -> bool:
 
 def check_run_token() -> None:
     """The started cluster authenticates with the run's token (RAY_AUTH_TOKEN), never a token Ray found or made
-    elsewhere: raises RuntimeError otherwise, before any actor of the run starts."""
+    elsewhere: raises RuntimeError otherwise, before any actor of the run starts. A Ray without token
+    authentication (an older release, which `ray>=2.40` allows) has no token to check."""
+    try:
+        from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode
+    except ImportError:
+        return
     if get_authentication_mode() != AuthenticationMode.TOKEN:
         return
     expected = os.environ.get("RAY_AUTH_TOKEN", "")
