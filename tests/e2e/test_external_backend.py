@@ -110,25 +110,32 @@ def test_fully_async_with_partial_rollout_trains_against_two_servers_and_survive
             "async_training.staleness_threshold=0.5", "async_training.partial_rollout=true", "trainer.total_steps=5",
             "trainer.dump_rollouts=true", "trainer.test_freq=-1", "data.train_batch_size=16",
             "actor.ppo_mini_batch_size=16", output="fully_async")
-        output = Path(config.trainer.output_dir)
-        killer = threading.Thread(target=lambda: (wait_for_step(output, 2), victim.kill()), daemon=True)
-        killer.start()
-        summary = train(config)
-        killer.join(timeout=5)
-
-        assert victim.process.returncode is not None and summary["steps"] == 5
-        rows = [row for row in read_metrics(output / "metrics.jsonl") if "critic/score/mean" in row]
-        assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
-        assert rows[-1]["faults/replica_failures"] == 1.0
-        versions = [json.loads(line)["versions"] for step in range(1, 6)
-                    for line in (output / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
-        assert len({version for sample in versions for version in sample}) >= 3
+        summary, output = train_killing_one_server(config, victim)
         checksum = httpx.get(survivor.base_url + "/weights_checksum", timeout=30).json()
         assert checksum["weight_version"] == summary["param_version"]
         assert checksum["sha256"] == folder_checksum(output / "policy", torch.float32)
     finally:
         for server in servers:
             server.stop()
+
+
+def train_killing_one_server(config, victim) -> tuple[dict, Path]:
+    """Trains `config`'s 5-step fully_async run while `victim` is killed after step 2, and checks what every such
+    run must show: all 5 steps trained, one replica failure counted, the steps' tokens stamped with at least 3
+    policy versions (syncs abort and resume requests in flight). -> the run's summary and its output folder."""
+    output = Path(config.trainer.output_dir)
+    killer = threading.Thread(target=lambda: (wait_for_step(output, 2), victim.kill()), daemon=True)
+    killer.start()
+    summary = train(config)
+    killer.join(timeout=5)
+    assert victim.process.returncode is not None and summary["steps"] == 5
+    rows = [row for row in read_metrics(output / "metrics.jsonl") if "critic/score/mean" in row]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
+    assert rows[-1]["faults/replica_failures"] == 1.0
+    versions = [json.loads(line)["versions"] for step in range(1, 6)
+                for line in (output / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
+    assert len({version for sample in versions for version in sample}) >= 3
+    return summary, output
 
 
 def wait_for_step(output: Path, step: int, timeout_s: float = 600) -> None:

@@ -30,7 +30,7 @@ from asyncrl.rollout.server_api import VllmServerApi
 from asyncrl.rollout.vllm.engine_args import vllm_installed
 from asyncrl.telemetry import read_metrics
 from tests.e2e.demo_configs import warm_config
-from tests.e2e.test_external_backend import last_step, wait_for_step
+from tests.e2e.test_external_backend import last_step, train_killing_one_server, wait_for_step
 from tests.serving.server_process import start_vllm_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
@@ -136,18 +136,7 @@ def test_fully_async_with_partial_rollout_trains_against_vllm_servers_and_surviv
                              f"{victim.base_url}]", "async_training.trigger_parameter_sync_step=1",
                              "async_training.staleness_threshold=0.5", "async_training.partial_rollout=true",
                              "trainer.total_steps=5", "data.train_batch_size=16", "actor.ppo_mini_batch_size=16")
-        output = Path(config.trainer.output_dir)
-        killer = threading.Thread(target=lambda: (wait_for_step(output, 2), victim.kill()), daemon=True)
-        killer.start()
-        summary = train(config)
-        killer.join(timeout=5)
-
-        assert victim.process.returncode is not None and summary["steps"] == 5
-        rows = [row for row in read_metrics(output / "metrics.jsonl") if "critic/score/mean" in row]
-        assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
-        assert rows[-1]["faults/replica_failures"] == 1.0
-        versions = [sample for step in range(1, 6) for sample in dumped_versions(output, step)]
-        assert len({version for sample in versions for version in sample}) >= 3
+        summary, output = train_killing_one_server(config, victim)
         assert_serves_the_final_policy(survivor.base_url, output, summary["param_version"])
     finally:
         victim.stop()
