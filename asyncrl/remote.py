@@ -23,6 +23,14 @@ def worker_name(pool_name: str, index: int) -> str:
     return f"trainer/rank{index}" if pool_name == "trainer" else f"{pool_name}/replica{index}"
 
 
+def contiguous_shares(num_rows: int, num_actors: int) -> list[tuple[int, int]]:
+    """(begin, end) of each actor's share: as equal as can be, in order, none empty (fewer shares than actors
+    when there are fewer rows)."""
+    num_shares = min(num_actors, num_rows)
+    bounds = [num_rows * index // num_shares for index in range(num_shares + 1)] if num_shares else [0]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
 class RemoteCallError(RuntimeError):
     """A remote call failed (the actor died or raised); the message names it."""
 

@@ -16,6 +16,7 @@ from typing import Literal, Optional
 
 from asyncrl.algos import (ADVANTAGE_ESTIMATORS, CORRECTION_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES,
                            REJECTION_LEVELS, ROLLOUT_CORRECTION_PRESETS)
+from asyncrl.config.distillation_schema import DistillationConfig
 from asyncrl.config.fields import option, section
 from asyncrl.config.limits import MAX_SEED, MAX_WAIT_S
 from asyncrl.config.reward_schema import RewardConfig
@@ -235,6 +236,8 @@ class AlgorithmConfig:
         False, "mixture-of-experts models: the trainer's forward uses the experts the rollout engine chose for each "
                "token (router probabilities still the trainer's); the routing metrics are logged either way "
                "(docs/moe.md)")
+    distillation: DistillationConfig = section(
+        DistillationConfig, "on-policy distillation: a teacher's per-token log-probs as a dense advantage (every mode)")
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """The composition root: build what a run needs, in a fixed order, after the config is validated:
 
 tokenizer, datasets and the rollout backend's name (errors here start no Ray worker) -> the checkpoint to resume
-from, checked against the config (before any file is written) -> reward executor and the reward model's check
--> config.yaml -> Ray -> resource pools (one atomic reservation) -> reward-model actors, rollout replicas and the
-mode's actors (loading while) -> trainer ranks -> the rollout backend (built once, from its registry entry) -> the
-reward-model actors joined -> the PPO core, with tracker and timeline.
+from, checked against the config (before any file is written) -> reward executor, the reward model's and the
+distillation teacher's checks -> config.yaml -> Ray -> resource pools (one atomic reservation) -> reward-model and
+teacher actors, rollout replicas and the mode's actors (loading while) -> trainer ranks -> the rollout backend (built once, from its registry entry) -> the
+reward-model and teacher actors joined -> the PPO core, with tracker and timeline.
 
     runtime = build_runtime(config)
     ... recipe uses runtime.core, runtime.train_data, runtime.val_data ...
@@ -38,6 +38,7 @@ from asyncrl.recipes.training_loop import total_training_steps
 from asyncrl.remote import RemoteCallError, wait_for, wait_for_all, worker_name
 from asyncrl.rewards import RewardExecutor, RewardModelPool, Scorer, check_reward_model
 from asyncrl.rollout import RolloutBackend, RolloutBackendSpec, RolloutContext, resolve_backend
+from asyncrl.teacher import TeacherPool, check_teacher
 from asyncrl.telemetry import Timeline, Tracker
 
 
@@ -173,7 +174,8 @@ def rollout_context(config: AsyncRLConfig, pools: Pools, replicas: list[Any], tr
 class ModeActors:
     """A mode's own actors: started with the runtime, not after it, and able to own the rollout backend."""
     # Starts them from what the runtime loaded, without waiting for them.
-    launch: Callable[[AsyncRLConfig, Any, PromptDataset, Optional[RewardModelPool]], dict[str, Any]]
+    launch: Callable[[AsyncRLConfig, Any, PromptDataset, Optional[RewardModelPool], Optional[TeacherPool]],
+                     dict[str, Any]]
     # Builds the backend inside one of them and returns the driver's handle on it.
     host_rollout: Callable[[dict[str, Any], RolloutBackendSpec, RolloutContext], RolloutBackend]
 
@@ -189,6 +191,7 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
     reward = RewardExecutor.from_config(config.reward)
     try:
         check_reward_model(config.reward.model)
+        check_teacher(config, tokenizer, config.model.tokenizer_path or config.model.path)
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.yaml").write_text(dump_config(config))
         start_ray(config.ray)
@@ -201,15 +204,21 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
     replicas: list[Any] = []
     actors: dict[str, Any] = {}
     trainers: Optional[TrainerGroup] = None
-    # The reward-model actors sit outside the pools: a fraction of a CPU each, or the GPU share they ask for.
+    # The reward-model and distillation teacher actors sit outside the pools: a fraction of a CPU each, or the GPU
+    # share they ask for.
     reward_models: Optional[RewardModelPool] = None
-    reward_actors: list[Any] = []
+    teacher: Optional[TeacherPool] = None
+    scoring_actors: list[Any] = []
     try:
         if config.reward.model.enable:
             reward_models = RewardModelPool.launch(config.reward.model)
-            reward_actors = reward_models.actors
+            scoring_actors = reward_models.actors
+        if config.algorithm.distillation.enable:
+            teacher = TeacherPool.launch(config)
+            scoring_actors = [*scoring_actors, *teacher.actors]
         replicas = launch_replicas(config, pools, backend.replica) if backend.placement == "separate" else []
-        actors = mode_actors.launch(config, tokenizer, train_data, reward_models) if mode_actors is not None else {}
+        actors = mode_actors.launch(config, tokenizer, train_data, reward_models, teacher) \
+            if mode_actors is not None else {}
         trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)),
                                   host_engine=backend.placement == "colocated")
         context = rollout_context(config, pools, replicas, trainers)
@@ -219,10 +228,12 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
                 **{f"reward/scorer{index}": pid for index, pid in enumerate(reward.pids())}}
         if reward_models is not None:
             pids.update(zip(reward_models.names, reward_models.wait_ready(config.ray.rpc_timeout_s)))
+        if teacher is not None:
+            pids.update(zip(teacher.names, teacher.wait_ready(config.ray.rpc_timeout_s)))
         logger.info("processes: %s", ", ".join(f"{name} pid {pid}" for name, pid in pids.items()))
     except BaseException:
         # A failed start leaves nothing behind in a shared Ray cluster: actors, devices and scoring processes.
-        for actor in [*actors.values(), *replicas, *reward_actors, *(trainers.actors if trainers is not None else [])]:
+        for actor in [*actors.values(), *replicas, *scoring_actors, *(trainers.actors if trainers is not None else [])]:
             ray.kill(actor)
         pools.release()
         reward.close()
@@ -232,8 +243,8 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
                       dataclasses.asdict(config), resume_step=resume.step + 1 if resume.folder is not None else 0)
     timeline = Timeline()
     scorer = Scorer(reward, reward_models, config.reward.model)
-    core = PPOCore(config, trainers, rollout, scorer, tokenizer, tracker, timeline)
+    core = PPOCore(config, trainers, rollout, scorer, tokenizer, tracker, timeline, teacher)
     return Runtime(config, output_dir, tokenizer, train_data, val_data, scorer, pools, trainers, rollout, core,
                    tracker, timeline, StopSignals(), actors, [*actors.values(), *replicas, *trainers.actors,
-                                                               *reward_actors],
+                                                               *scoring_actors],
                    resume.folder)

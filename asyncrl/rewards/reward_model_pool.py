@@ -25,7 +25,7 @@ from asyncrl.config import ConfigError
 from asyncrl.config.reward_schema import RewardModelConfig
 from asyncrl.config.user_code import split_spec
 from asyncrl.models import check_model_folder, load_tokenizer
-from asyncrl.remote import RemoteCallError, RemoteTimeoutError, wait_for, wait_for_all, worker_name
+from asyncrl.remote import RemoteCallError, RemoteTimeoutError, contiguous_shares, wait_for, wait_for_all, worker_name
 from asyncrl.rewards.judge import ANSWER_PARSERS, check_template, check_template_fits
 from asyncrl.rewards.protocol import Failure, RewardRequest, RewardResult
 from asyncrl.rewards.reward_model_worker import RewardModelWorker
@@ -103,9 +103,7 @@ class RewardModelPool:
         return wait_for_all([actor.ping.remote() for actor in self.actors], self.names, "load", timeout_s)
 
     def start(self, requests: list[RewardRequest]) -> PendingScores:
-        num_shares = min(len(self.actors), len(requests))
-        bounds = [len(requests) * index // num_shares for index in range(num_shares + 1)] if num_shares else [0]
-        shares = list(zip(bounds[:-1], bounds[1:]))
+        shares = contiguous_shares(len(requests), len(self.actors))
         refs = [self.actors[index].score.remote(requests[begin:end]) for index, (begin, end) in enumerate(shares)]
         return PendingScores(refs, shares, time.monotonic() + self.config.timeout_s)
 
