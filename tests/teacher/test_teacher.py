@@ -13,9 +13,11 @@ import torch
 
 from asyncrl.config import ConfigError, load_config
 from asyncrl.config.distillation_schema import DistillationConfig
+from asyncrl.data.make import make_task, write_task
 from asyncrl.models import build_tiny_model, load_model, load_tokenizer
 from asyncrl.teacher import TeacherModel, TeacherPool, check_teacher
 from asyncrl.teacher.records import ERROR, TIMEOUT
+from tests.e2e.test_user_errors import assert_clean_failure, train_cli
 from tests.rewards.test_reward_models import ready_after_restart
 
 ROWS = [(np.array([1, 7, 8], dtype=np.int32), np.array([9, 10], dtype=np.int32)),
@@ -106,3 +108,15 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_both_folders(teacher
     with pytest.raises(ConfigError, match="algorithm.distillation.teacher_path is empty"):
         check_teacher(load_config(None, [f"model.path={student}", "algorithm.distillation.enable=true"]),
                       load_tokenizer(student), str(student))
+
+
+def test_asyncrl_train_refuses_the_teacher_before_ray_starts(teacher_folder, tmp_path):
+    """The refusal as a user meets it: `asyncrl train` exits with one line naming the key and both folders."""
+    student = build_tiny_model(tmp_path / "student", seed=1)
+    other = swapped_tokenizer_copy(teacher_folder, tmp_path / "other_teacher")
+    data = write_task(make_task("arithmetic", {"max_digits": "1"}), tmp_path / "data", 16, 2, seed=0)
+    result = train_cli(f"model.path={student}", f"data.train_files=[{data['train']}]", "data.max_prompt_length=16",
+                       "data.max_response_length=4", "algorithm.distillation.enable=true",
+                       f"algorithm.distillation.teacher_path={other}", f"trainer.output_dir={tmp_path / 'run'}")
+    assert_clean_failure(result, "algorithm.distillation.teacher_path", f"({other})", f"({student})")
+    assert not (tmp_path / "run").exists()   # refused before the run folder was written
