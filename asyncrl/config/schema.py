@@ -17,6 +17,7 @@ from typing import Literal, Optional
 from asyncrl.algos import (ADVANTAGE_ESTIMATORS, CORRECTION_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES,
                            REJECTION_LEVELS, ROLLOUT_CORRECTION_PRESETS)
 from asyncrl.config.distillation_schema import DistillationConfig
+from asyncrl.config.evaluation_schema import EvaluationConfig
 from asyncrl.config.fields import option, section
 from asyncrl.config.limits import MAX_SEED, MAX_WAIT_S
 from asyncrl.config.reward_schema import RewardConfig
@@ -314,6 +315,9 @@ class AsyncRLConfig:
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantages, KL and off-policy correction")
     reward: RewardConfig = section(RewardConfig, "reward functions")
     trainer: TrainerConfig = section(TrainerConfig, "the run: mode, length, outputs, devices")
+    evaluation: EvaluationConfig = section(
+        EvaluationConfig, "evaluation as its own stage: a pinned policy version on actors of its own, while training "
+                          "goes on")
     async_training: AsyncTrainingConfig = section(AsyncTrainingConfig, "fully-async staleness control")
     weight_sync: WeightSyncConfig = section(WeightSyncConfig, "trainer-to-rollout weight transfer")
     ray: RayConfig = section(RayConfig, "Ray cluster and remote-call limits")

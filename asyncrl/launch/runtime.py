@@ -25,6 +25,7 @@ import torch
 
 from asyncrl.config import AsyncRLConfig, ConfigError, check_environment, dump_config
 from asyncrl.core import PPOCore, Runtime, TrainerGroup
+from asyncrl.core.evaluation import EvaluationStage
 from asyncrl.core.trainer_rank import TrainerActor
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.launch.cpu_threads import threads_per_worker
@@ -62,6 +63,13 @@ def load_inputs(config: AsyncRLConfig) -> tuple[Any, PromptDataset, Optional[Pro
     val = PromptDataset.from_files(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
     check_datasets(config, train, val)
     return tokenizer, train, val
+
+
+def evaluation_data(config: AsyncRLConfig, tokenizer: Any, val_data: Optional[PromptDataset]) -> Optional[PromptDataset]:
+    """The evaluation stage's prompts: evaluation.data_files, or the validation prompts (checked before Ray)."""
+    if not config.evaluation.enable or not config.evaluation.data_files:
+        return val_data
+    return PromptDataset.from_files(config.evaluation.data_files, tokenizer, config.data)
 
 
 def uses_gpu(config: AsyncRLConfig) -> bool:
@@ -185,6 +193,7 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
     start), then joined; the rollout backend named by `rollout.backend` is resolved once, here."""
     backend = resolve_backend(config)
     tokenizer, train_data, val_data = load_inputs(config)
+    eval_data = evaluation_data(config, tokenizer, val_data)
     output_dir = Path(config.trainer.output_dir)
     # A refused or finished resume is found here, before the earlier run's config.yaml (or anything) is written.
     resume = check_resume(config, output_dir, len(train_data))
@@ -204,8 +213,8 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
     replicas: list[Any] = []
     actors: dict[str, Any] = {}
     trainers: Optional[TrainerGroup] = None
-    # The reward-model and distillation teacher actors sit outside the pools: a fraction of a CPU each, or the GPU
-    # share they ask for.
+    # The reward-model, distillation teacher and evaluator actors sit outside the pools: a fraction of a CPU each, or
+    # the GPU share they ask for.
     reward_models: Optional[RewardModelPool] = None
     teacher: Optional[TeacherPool] = None
     scoring_actors: list[Any] = []
@@ -216,6 +225,8 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
         if config.algorithm.distillation.enable:
             teacher = TeacherPool.launch(config)
             scoring_actors = [*scoring_actors, *teacher.actors]
+        evaluators = EvaluationStage.launch_actors(config) if config.evaluation.enable else []
+        scoring_actors = [*scoring_actors, *evaluators]
         replicas = launch_replicas(config, pools, backend.replica) if backend.placement == "separate" else []
         actors = mode_actors.launch(config, tokenizer, train_data, reward_models, teacher) \
             if mode_actors is not None else {}
@@ -230,6 +241,10 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
             pids.update(zip(reward_models.names, reward_models.wait_ready(config.ray.rpc_timeout_s)))
         if teacher is not None:
             pids.update(zip(teacher.names, teacher.wait_ready(config.ray.rpc_timeout_s)))
+        scorer = Scorer(reward, reward_models, config.reward.model)
+        evaluation = EvaluationStage(config, eval_data, scorer, tokenizer, trainers, evaluators) if evaluators else None
+        if evaluation is not None:
+            pids.update(zip(evaluation.names, evaluation.wait_ready(config.ray.rpc_timeout_s)))
         logger.info("processes: %s", ", ".join(f"{name} pid {pid}" for name, pid in pids.items()))
     except BaseException:
         # A failed start leaves nothing behind in a shared Ray cluster: actors, devices and scoring processes.
@@ -242,9 +257,8 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
                       # metrics.jsonl lines from the first step this run logs on (a previous attempt's) are dropped
                       dataclasses.asdict(config), resume_step=resume.step + 1 if resume.folder is not None else 0)
     timeline = Timeline()
-    scorer = Scorer(reward, reward_models, config.reward.model)
     core = PPOCore(config, trainers, rollout, scorer, tokenizer, tracker, timeline, teacher)
     return Runtime(config, output_dir, tokenizer, train_data, val_data, scorer, pools, trainers, rollout, core,
                    tracker, timeline, StopSignals(), actors, [*actors.values(), *replicas, *trainers.actors,
                                                                *scoring_actors],
-                   resume.folder)
+                   resume.folder, evaluation)
