@@ -56,6 +56,9 @@ def check_evaluation(config: AsyncRLConfig) -> None:
         return
     if not evaluation.data_files and not config.data.val_files:
         raise ConfigError("evaluation.enable needs prompts: set evaluation.data_files, or data.val_files")
+    if config.rollout.multi_turn.enable or config.rollout.agent.path:
+        raise ConfigError("evaluation.enable generates single responses and cannot run an agent "
+                          "(rollout.multi_turn.enable, rollout.agent.path) yet: validate agents with trainer.test_freq")
     too_large = [k for k in evaluation.pass_k if k > evaluation.n]
     if too_large:
         raise ConfigError(f"evaluation.pass_k: {too_large} exceed evaluation.n ({evaluation.n}): pass@k is estimated "
