@@ -56,6 +56,7 @@ class EvaluationRun:
     refs: list[ray.ObjectRef]
     shares: list[tuple[int, int]]
     deadline: float
+    dispatch_s: float = 0.0   # the trainer's time spent dispatching it (gathering its weights)
 
 
 class EvaluationStage:
@@ -105,9 +106,10 @@ class EvaluationStage:
         weights_ref = ray.put(weights)   # one copy in the object store, shared by the actors
         refs = [self.actors[index].evaluate.remote(version, weights_ref, requests[begin:end])
                 for index, (begin, end) in enumerate(shares)]
-        self.running = EvaluationRun(version, step, refs, shares, time.monotonic() + settings.timeout_s)
+        dispatch_s = time.monotonic() - started
+        self.running = EvaluationRun(version, step, refs, shares, time.monotonic() + settings.timeout_s, dispatch_s)
         self.last_started = version
-        metrics["timing_s/evaluation_dispatch"] = time.monotonic() - started
+        metrics["timing_s/evaluation_dispatch"] = dispatch_s
 
     def poll(self, step: int) -> list[dict[str, float]]:
         """The evaluation that came back (scored), or none; never waits."""
@@ -120,6 +122,7 @@ class EvaluationStage:
 
     def collect(self, step: int) -> list[dict[str, float]]:
         """Wait for the running evaluation (until its deadline) and score it."""
+        started = time.monotonic()
         run, self.running = self.running, None
         try:
             outputs = [wait_for(ref, self.names[index], "evaluate", max(0.0, run.deadline - time.monotonic()))
@@ -134,6 +137,10 @@ class EvaluationStage:
             raise RemoteCallError(f"evaluation of version {run.version}: {error}") from None
         results = [result for share, _ in outputs for result in share]
         row = self.score(results, run, step)
+        # What the evaluation cost the training loop (dispatch, then collection and scoring on the driver), next
+        # to how long the evaluators generated.
+        row["val/trainer_blocked_s"] = run.dispatch_s + time.monotonic() - started
+        row["val/generation_s"] = max(seconds for _, seconds in outputs)
         self.history.append(row)
         return [row]
 

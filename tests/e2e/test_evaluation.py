@@ -29,6 +29,7 @@ def test_fully_async_evaluates_pinned_versions_while_training_goes_on(make_confi
         assert 0 <= row["val/pass@1"] <= row["val/pass@4"] <= 1
         assert row["val/pass@1"] == row["val/score/mean"]    # 0/1 scores: pass@1 is the mean
         assert row["step"] == row["val/finished_step"] >= row["val/started_step"]
+        assert row["val/trainer_blocked_s"] > 0 and row["val/generation_s"] > 0
     # Training went on while evaluations ran: dispatching one cost the trainer only a gather of its weights, and
     # every step is in the log.
     trained = [row for row in rows if "actor/pg_loss" in row]

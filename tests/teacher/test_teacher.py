@@ -1,6 +1,7 @@
 """The distillation teacher: its log-probs are the trainer's forward of the same tokens, its actors split a batch
 in order, a teacher past its deadline or dead fails only its rows (counted), and a teacher whose tokenizer is not
-the student's is refused before Ray starts, naming both folders."""
+the student's is refused before Ray starts, naming both folders; a queued sample's teacher scores survive a
+fully-async checkpoint."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ import torch
 
 from asyncrl.config import ConfigError, load_config
 from asyncrl.config.distillation_schema import DistillationConfig
+from asyncrl.core.records import Sample
 from asyncrl.data.make import make_task, write_task
+from asyncrl.data.records import PromptRecord, TokenizedPrompt
+from asyncrl.engine import GenerationResult
 from asyncrl.models import build_tiny_model, load_model, load_tokenizer
-from asyncrl.teacher import TeacherModel, TeacherPool, check_teacher
+from asyncrl.recipes.fully_async.state_codec import encode_state, load_state
+from asyncrl.teacher import TeacherModel, TeacherPool, TeacherScore, check_teacher
 from asyncrl.teacher.records import ERROR, TIMEOUT
 from tests.e2e.test_user_errors import assert_clean_failure, train_cli
 from tests.rewards.test_reward_models import ready_after_restart
@@ -120,3 +125,20 @@ def test_asyncrl_train_refuses_the_teacher_before_ray_starts(teacher_folder, tmp
                        f"algorithm.distillation.teacher_path={other}", f"trainer.output_dir={tmp_path / 'run'}")
     assert_clean_failure(result, "algorithm.distillation.teacher_path", f"({other})", f"({student})")
     assert not (tmp_path / "run").exists()   # refused before the run folder was written
+
+
+def test_a_queued_samples_teacher_scores_survive_a_fully_async_checkpoint(tmp_path):
+    """The rollouter queues samples with the teacher's log-probs; a checkpoint holds them as data and gives them
+    back bit for bit (a failed score too), so a resumed run does not ask the teacher again."""
+    record = PromptRecord("p0", [{"role": "user", "content": "1+1"}], "test", "2")
+    result = GenerationResult("epoch0/p0/0", np.array([1, 7], dtype=np.int32), np.array([9, 2], dtype=np.int32),
+                              np.array([-0.5, -0.1], dtype=np.float32), np.zeros(2, dtype=np.int32), "stop")
+    scored = TeacherScore(np.array([-0.25, -0.125], dtype=np.float32))
+    samples = [Sample(TokenizedPrompt(record, [1, 7]), 0, 0, result, score=1.0, teacher=scored),
+               Sample(TokenizedPrompt(record, [1, 7]), 0, 1, result, score=0.0,
+                      teacher=TeacherScore.failed(TIMEOUT, "teacher/replica0: score did not answer within 1s"))]
+    for name, data in encode_state({"queue": [samples]}).items():
+        (tmp_path / name).write_bytes(data)
+    restored = load_state(tmp_path)["queue"][0]
+    np.testing.assert_array_equal(restored[0].teacher.log_probs, scored.log_probs)
+    assert restored[1].teacher == samples[1].teacher and not restored[1].teacher.is_scored
