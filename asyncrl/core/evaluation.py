@@ -37,14 +37,11 @@ from asyncrl.core.trainer_group import TrainerGroup
 from asyncrl.core.validation import validation_metrics
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.engine import SamplingParams
-from asyncrl.remote import (RemoteCallError, RemoteTimeoutError, contiguous_shares, wait_for, wait_for_all,
-                            worker_name)
+from asyncrl.remote import RemoteCallError, RemoteTimeoutError, contiguous_shares, wait_for, worker_name
 from asyncrl.rewards import Scorer
 from asyncrl.rollout.evaluator import EvaluatorActor
 
 logger = logging.getLogger(__name__)
-
-POOL_NAME = "evaluator"
 
 
 @dataclass
@@ -60,6 +57,8 @@ class EvaluationRun:
 
 
 class EvaluationStage:
+    POOL_NAME = "evaluator"
+
     def __init__(self, config: AsyncRLConfig, dataset: PromptDataset, scorer: Scorer, tokenizer: Any,
                  trainers: TrainerGroup, actors: list):
         self.config = config
@@ -69,7 +68,7 @@ class EvaluationStage:
         self.tokenizer = tokenizer
         self.trainers = trainers
         self.actors = actors
-        self.names = [worker_name(POOL_NAME, index) for index in range(len(actors))]
+        self.names = [worker_name(self.POOL_NAME, index) for index in range(len(actors))]
         self.running: Optional[EvaluationRun] = None
         self.last_started: Optional[int] = None   # the version last dispatched
         self.history: list[dict[str, float]] = []
@@ -84,9 +83,6 @@ class EvaluationStage:
         return [EvaluatorActor.options(num_cpus=settings.num_cpus_per_replica, num_gpus=settings.num_gpus_per_replica,
                                        max_restarts=-1, max_task_retries=0).remote(config, device, threads)
                 for _ in range(settings.replicas)]
-
-    def wait_ready(self, timeout_s: float) -> list[int]:
-        return wait_for_all([actor.ping.remote() for actor in self.actors], self.names, "startup", timeout_s)
 
     # ---- dispatch and collection ----------------------------------------------------------------------
     def is_due(self, version: int) -> bool:

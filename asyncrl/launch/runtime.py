@@ -2,9 +2,10 @@
 
 tokenizer, datasets and the rollout backend's name (errors here start no Ray worker) -> the checkpoint to resume
 from, checked against the config (before any file is written) -> reward executor, the reward model's and the
-distillation teacher's checks -> config.yaml -> Ray -> resource pools (one atomic reservation) -> reward-model and
-teacher actors, rollout replicas and the mode's actors (loading while) -> trainer ranks -> the rollout backend (built once, from its registry entry) -> the
-reward-model and teacher actors joined -> the PPO core, with tracker and timeline.
+distillation teacher's checks -> config.yaml -> Ray -> resource pools (one atomic reservation) -> the actors outside
+the pools (reward models, teacher, evaluators: `side_actors.py`), rollout replicas and the mode's actors (loading
+while) -> trainer ranks -> the rollout backend (built once, from its registry entry) -> the side actors joined ->
+the PPO core, with tracker and timeline, and the evaluation stage.
 
     runtime = build_runtime(config)
     ... recipe uses runtime.core, runtime.train_data, runtime.val_data ...
@@ -34,6 +35,7 @@ from asyncrl.launch.preflight import check_external_servers, check_model_inputs,
 from asyncrl.launch.ray_cluster import start_ray
 from asyncrl.launch.resource_pool import PoolSpec, Pools, ResourceError, allocate_pools
 from asyncrl.launch.resume_check import check_resume
+from asyncrl.launch.side_actors import SideActors
 from asyncrl.launch.stop_signals import StopSignals
 from asyncrl.recipes.training_loop import total_training_steps
 from asyncrl.remote import RemoteCallError, wait_for, wait_for_all, worker_name
@@ -213,22 +215,11 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
     replicas: list[Any] = []
     actors: dict[str, Any] = {}
     trainers: Optional[TrainerGroup] = None
-    # The reward-model, distillation teacher and evaluator actors sit outside the pools: a fraction of a CPU each, or
-    # the GPU share they ask for.
-    reward_models: Optional[RewardModelPool] = None
-    teacher: Optional[TeacherPool] = None
-    scoring_actors: list[Any] = []
+    side = SideActors()
     try:
-        if config.reward.model.enable:
-            reward_models = RewardModelPool.launch(config.reward.model)
-            scoring_actors = reward_models.actors
-        if config.algorithm.distillation.enable:
-            teacher = TeacherPool.launch(config)
-            scoring_actors = [*scoring_actors, *teacher.actors]
-        evaluators = EvaluationStage.launch_actors(config) if config.evaluation.enable else []
-        scoring_actors = [*scoring_actors, *evaluators]
+        side = SideActors.launch(config)
         replicas = launch_replicas(config, pools, backend.replica) if backend.placement == "separate" else []
-        actors = mode_actors.launch(config, tokenizer, train_data, reward_models, teacher) \
+        actors = mode_actors.launch(config, tokenizer, train_data, side.reward_models, side.teacher) \
             if mode_actors is not None else {}
         trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)),
                                   host_engine=backend.placement == "colocated")
@@ -236,19 +227,12 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
         rollout = mode_actors.host_rollout(actors, backend, context) if mode_actors is not None else \
             backend.fn(context)
         pids = {**actor_pids(config, trainers, replicas),
-                **{f"reward/scorer{index}": pid for index, pid in enumerate(reward.pids())}}
-        if reward_models is not None:
-            pids.update(zip(reward_models.names, reward_models.wait_ready(config.ray.rpc_timeout_s)))
-        if teacher is not None:
-            pids.update(zip(teacher.names, teacher.wait_ready(config.ray.rpc_timeout_s)))
-        scorer = Scorer(reward, reward_models, config.reward.model)
-        evaluation = EvaluationStage(config, eval_data, scorer, tokenizer, trainers, evaluators) if evaluators else None
-        if evaluation is not None:
-            pids.update(zip(evaluation.names, evaluation.wait_ready(config.ray.rpc_timeout_s)))
+                **{f"reward/scorer{index}": pid for index, pid in enumerate(reward.pids())},
+                **side.wait_ready(config.ray.rpc_timeout_s)}
         logger.info("processes: %s", ", ".join(f"{name} pid {pid}" for name, pid in pids.items()))
     except BaseException:
         # A failed start leaves nothing behind in a shared Ray cluster: actors, devices and scoring processes.
-        for actor in [*actors.values(), *replicas, *scoring_actors, *(trainers.actors if trainers is not None else [])]:
+        for actor in [*actors.values(), *replicas, *side.actors, *(trainers.actors if trainers is not None else [])]:
             ray.kill(actor)
         pools.release()
         reward.close()
@@ -257,8 +241,11 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
                       # metrics.jsonl lines from the first step this run logs on (a previous attempt's) are dropped
                       dataclasses.asdict(config), resume_step=resume.step + 1 if resume.folder is not None else 0)
     timeline = Timeline()
-    core = PPOCore(config, trainers, rollout, scorer, tokenizer, tracker, timeline, teacher)
+    scorer = Scorer(reward, side.reward_models, config.reward.model)
+    core = PPOCore(config, trainers, rollout, scorer, tokenizer, tracker, timeline, side.teacher)
+    evaluation = EvaluationStage(config, eval_data, scorer, tokenizer, trainers, side.evaluators) \
+        if side.evaluators else None
     return Runtime(config, output_dir, tokenizer, train_data, val_data, scorer, pools, trainers, rollout, core,
                    tracker, timeline, StopSignals(), actors, [*actors.values(), *replicas, *trainers.actors,
-                                                               *scoring_actors],
+                                                               *side.actors],
                    resume.folder, evaluation)
