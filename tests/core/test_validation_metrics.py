@@ -4,6 +4,7 @@ pass@k (1 - C(n - c, k) / C(n, k)) per prompt, averaged overall and per data sou
 import numpy as np
 import pytest
 
+from asyncrl.config import ConfigError, load_config
 from asyncrl.core.records import Sample
 from asyncrl.core.validation import pass_at_k, validation_metrics
 from asyncrl.data.records import PromptRecord, TokenizedPrompt
@@ -45,3 +46,17 @@ def test_a_fixed_set_of_two_sources_gives_the_hand_computed_scores_and_pass_at_k
     assert {key for key in validation_metrics(samples, 4) if "pass@" in key} == \
         {"val/pass@4", "val/math/pass@4", "val/code/pass@4"}
     assert not any("pass@" in key for key in validation_metrics(samples[:1], 1))
+
+
+def test_the_evaluation_config_is_checked_when_it_loads():
+    """Before anything starts: a pass@k that n samples cannot estimate, an evaluation without prompts, or one of an
+    agent (the stage generates single responses)."""
+    with pytest.raises(ConfigError, match=r"evaluation.pass_k: \[8\] exceed evaluation.n \(4\)"):
+        load_config(None, ["evaluation.enable=true", "data.val_files=[v.parquet]", "evaluation.n=4",
+                           "evaluation.pass_k=[1,8]"])
+    with pytest.raises(ConfigError, match="evaluation.enable needs prompts"):
+        load_config(None, ["evaluation.enable=true"])
+    with pytest.raises(ConfigError, match="cannot run an agent"):
+        load_config(None, ["evaluation.enable=true", "data.val_files=[v.parquet]", "rollout.multi_turn.enable=true",
+                           "rollout.multi_turn.tool_config_path=asyncrl/configs/tools_calculator.yaml"])
+    assert load_config(None, ["evaluation.enable=true", "evaluation.data_files=[e.parquet]"]).evaluation.enable
