@@ -12,7 +12,7 @@ and the elapsed time. This module sits at the ground of the package, so every ro
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
@@ -63,6 +63,24 @@ def wait_for_all(refs: Sequence[ray.ObjectRef], components: Sequence[str], call:
             component = pending.pop(ref)
             results[ref] = fetch(ref, component, call, started)
     return [results[ref] for ref in refs]
+
+
+def collect_shares(refs: Sequence[ray.ObjectRef], shares: Sequence[tuple[int, int]], actors: Sequence[Any],
+                   names: Sequence[str], call: str, deadline: float, failed: Callable[[bool, str], Any]) -> list:
+    """The results of a call split among actors (actor i answered rows shares[i] = (begin, end) with a list), in row
+    order. A share past `deadline` (time.monotonic()) gives `failed(True, message)` for each of its rows and its
+    actor is restarted (the call may run on for long: a restarted actor takes the next one at once); a share whose
+    actor raised or died gives `failed(False, message)` for each."""
+    results: list = []
+    for index, (ref, (begin, end)) in enumerate(zip(refs, shares)):
+        try:
+            results.extend(wait_for(ref, names[index], call, max(0.0, deadline - time.monotonic())))
+        except RemoteTimeoutError as error:
+            ray.kill(actors[index], no_restart=False)
+            results.extend([failed(True, str(error))] * (end - begin))
+        except RemoteCallError as error:
+            results.extend([failed(False, str(error))] * (end - begin))
+    return results
 
 
 STILL_RUNNING = "still running"

@@ -23,7 +23,7 @@ import ray
 
 from asyncrl.config import AsyncRLConfig
 from asyncrl.config.distillation_schema import DistillationConfig
-from asyncrl.remote import RemoteCallError, RemoteTimeoutError, contiguous_shares, wait_for, wait_for_all, worker_name
+from asyncrl.remote import collect_shares, contiguous_shares, wait_for_all, worker_name
 from asyncrl.teacher.records import ERROR, TIMEOUT, TeacherScore
 from asyncrl.teacher.worker import TeacherWorker
 
@@ -67,16 +67,5 @@ class TeacherPool:
 
     def collect(self, pending: PendingTeacher) -> list[TeacherScore]:
         """The scores in row order; a share past the deadline, or whose actor failed, fails (no log-probs)."""
-        scores: list[TeacherScore] = []
-        for index, (ref, (begin, end)) in enumerate(zip(pending.refs, pending.shares)):
-            remaining = max(0.0, pending.deadline - time.monotonic())
-            try:
-                share = wait_for(ref, self.names[index], "score", remaining)
-                scores += [TeacherScore(log_probs) for log_probs in share]
-            except RemoteTimeoutError as error:
-                # Its call may run on for long: a restarted actor takes the next call at once.
-                ray.kill(self.actors[index], no_restart=False)
-                scores += [TeacherScore.failed(TIMEOUT, str(error))] * (end - begin)
-            except RemoteCallError as error:
-                scores += [TeacherScore.failed(ERROR, str(error))] * (end - begin)
-        return scores
+        return collect_shares(pending.refs, pending.shares, self.actors, self.names, "score", pending.deadline,
+                              lambda timed_out, message: TeacherScore.failed(TIMEOUT if timed_out else ERROR, message))

@@ -16,6 +16,7 @@ import torch
 
 from asyncrl.config.distillation_schema import DistillationConfig
 from asyncrl.teacher.model import TeacherModel
+from asyncrl.teacher.records import TeacherScore
 
 
 @ray.remote
@@ -29,5 +30,5 @@ class TeacherWorker:
         """The actor's process id, once the model has loaded."""
         return os.getpid()
 
-    def score(self, rows: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
-        return self.model.score(rows)
+    def score(self, rows: list[tuple[np.ndarray, np.ndarray]]) -> list[TeacherScore]:
+        return [TeacherScore(log_probs) for log_probs in self.model.score(rows)]
