@@ -12,7 +12,7 @@ and the elapsed time. This module sits at the ground of the package, so every ro
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
@@ -21,6 +21,14 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 def worker_name(pool_name: str, index: int) -> str:
     """How errors, logs and `summary.json` name a worker: trainer/rank0, rollout/replica1."""
     return f"trainer/rank{index}" if pool_name == "trainer" else f"{pool_name}/replica{index}"
+
+
+def contiguous_shares(num_rows: int, num_actors: int) -> list[tuple[int, int]]:
+    """(begin, end) of each actor's share: as equal as can be, in order, none empty (fewer shares than actors
+    when there are fewer rows)."""
+    num_shares = min(num_actors, num_rows)
+    bounds = [num_rows * index // num_shares for index in range(num_shares + 1)] if num_shares else [0]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 class RemoteCallError(RuntimeError):
@@ -55,6 +63,24 @@ def wait_for_all(refs: Sequence[ray.ObjectRef], components: Sequence[str], call:
             component = pending.pop(ref)
             results[ref] = fetch(ref, component, call, started)
     return [results[ref] for ref in refs]
+
+
+def collect_shares(refs: Sequence[ray.ObjectRef], shares: Sequence[tuple[int, int]], actors: Sequence[Any],
+                   names: Sequence[str], call: str, deadline: float, failed: Callable[[bool, str], Any]) -> list:
+    """The results of a call split among actors (actor i answered rows shares[i] = (begin, end) with a list), in row
+    order. A share past `deadline` (time.monotonic()) gives `failed(True, message)` for each of its rows and its
+    actor is restarted (the call may run on for long: a restarted actor takes the next one at once); a share whose
+    actor raised or died gives `failed(False, message)` for each."""
+    results: list = []
+    for index, (ref, (begin, end)) in enumerate(zip(refs, shares)):
+        try:
+            results.extend(wait_for(ref, names[index], call, max(0.0, deadline - time.monotonic())))
+        except RemoteTimeoutError as error:
+            ray.kill(actors[index], no_restart=False)
+            results.extend([failed(True, str(error))] * (end - begin))
+        except RemoteCallError as error:
+            results.extend([failed(False, str(error))] * (end - begin))
+    return results
 
 
 STILL_RUNNING = "still running"

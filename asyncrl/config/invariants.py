@@ -42,11 +42,27 @@ def check_invariants(config: AsyncRLConfig) -> None:
     check_length_distribution(config.rollout.length_distribution)
     check_multi_turn(config)
     check_agent(config)
+    check_evaluation(config)
     unknown_loggers = sorted(set(config.trainer.logger) - LOGGERS)
     if unknown_loggers:
         raise ConfigError(f"trainer.logger: unknown tracker(s) {unknown_loggers}; valid: {sorted(LOGGERS)}")
     if not config.trainer.resume:
         raise ConfigError("trainer.resume: '' is empty; give auto, disable, or a checkpoint folder")
+
+
+def check_evaluation(config: AsyncRLConfig) -> None:
+    evaluation = config.evaluation
+    if not evaluation.enable:
+        return
+    if not evaluation.data_files and not config.data.val_files:
+        raise ConfigError("evaluation.enable needs prompts: set evaluation.data_files, or data.val_files")
+    if config.rollout.multi_turn.enable or config.rollout.agent.path:
+        raise ConfigError("evaluation.enable generates single responses and cannot run an agent "
+                          "(rollout.multi_turn.enable, rollout.agent.path) yet: validate agents with trainer.test_freq")
+    too_large = [k for k in evaluation.pass_k if k > evaluation.n]
+    if too_large:
+        raise ConfigError(f"evaluation.pass_k: {too_large} exceed evaluation.n ({evaluation.n}): pass@k is estimated "
+                          f"from the n samples of a prompt, so raise evaluation.n to at least {max(too_large)}")
 
 
 def prompts_per_step(config: AsyncRLConfig) -> int:

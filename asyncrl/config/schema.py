@@ -16,6 +16,8 @@ from typing import Literal, Optional
 
 from asyncrl.algos import (ADVANTAGE_ESTIMATORS, CORRECTION_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES,
                            REJECTION_LEVELS, ROLLOUT_CORRECTION_PRESETS)
+from asyncrl.config.distillation_schema import DistillationConfig
+from asyncrl.config.evaluation_schema import EvaluationConfig
 from asyncrl.config.fields import option, section
 from asyncrl.config.limits import MAX_SEED, MAX_WAIT_S
 from asyncrl.config.reward_schema import RewardConfig
@@ -235,6 +237,8 @@ class AlgorithmConfig:
         False, "mixture-of-experts models: the trainer's forward uses the experts the rollout engine chose for each "
                "token (router probabilities still the trainer's); the routing metrics are logged either way "
                "(docs/moe.md)")
+    distillation: DistillationConfig = section(
+        DistillationConfig, "on-policy distillation: a teacher's per-token log-probs as a dense advantage (every mode)")
 
 
 @dataclass
@@ -311,6 +315,9 @@ class AsyncRLConfig:
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantages, KL and off-policy correction")
     reward: RewardConfig = section(RewardConfig, "reward functions")
     trainer: TrainerConfig = section(TrainerConfig, "the run: mode, length, outputs, devices")
+    evaluation: EvaluationConfig = section(
+        EvaluationConfig, "evaluation as its own stage: a pinned policy version on actors of its own, while training "
+                          "goes on")
     async_training: AsyncTrainingConfig = section(AsyncTrainingConfig, "fully-async staleness control")
     weight_sync: WeightSyncConfig = section(WeightSyncConfig, "trainer-to-rollout weight transfer")
     ray: RayConfig = section(RayConfig, "Ray cluster and remote-call limits")

@@ -24,6 +24,7 @@ from asyncrl.data.records import TokenizedPrompt
 from asyncrl.engine import GenerationResult
 from asyncrl.models.routing import pack_routing_records
 from asyncrl.rollout.agent import Trajectory
+from asyncrl.teacher import TeacherScore
 from asyncrl.train.batch import TrainBatch
 
 
@@ -40,6 +41,7 @@ class Sample:
     greedy: Optional[GenerationResult] = None   # the prompt's greedy response, when the estimator needs a baseline
     baseline_score: Optional[float] = None      # the greedy response's reward, scored and shaped like this one
     trajectory: Optional[Trajectory] = None     # multi-turn: the token log `result` was made from
+    teacher: Optional[TeacherScore] = None      # the distillation teacher's log-probs of the response tokens
 
     @property
     def reward(self) -> float:
@@ -105,7 +107,21 @@ def samples_to_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
         batch = batch.replace(token_level_scores=torch.from_numpy(scores))
     if samples and all(sample.baseline_score is not None for sample in samples):
         batch = batch.replace(reward_baselines=torch.tensor([sample.baseline_score for sample in samples]))
+    if any(sample.teacher is not None for sample in samples):
+        batch = batch.replace(**teacher_fields(samples, width))
     routed = pack_routing_records([sample.result.routed_experts for sample in samples], batch.input_ids.shape[1])
     if routed is not None:
         batch = batch.replace(routed_experts=torch.from_numpy(routed))
     return batch
+
+
+def teacher_fields(samples: Sequence[Sample], width: int) -> dict[str, torch.Tensor]:
+    """teacher_log_probs and teacher_mask (B, width): the rows the teacher scored, 0 elsewhere."""
+    log_probs = np.zeros((len(samples), width), dtype=np.float32)
+    mask = np.zeros((len(samples), width), dtype=np.float32)
+    for row, sample in enumerate(samples):
+        if sample.teacher is not None and sample.teacher.is_scored:
+            length = sample.num_response_tokens
+            log_probs[row, :length] = sample.teacher.log_probs
+            mask[row, :length] = 1.0
+    return {"teacher_log_probs": torch.from_numpy(log_probs), "teacher_mask": torch.from_numpy(mask)}

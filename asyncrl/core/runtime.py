@@ -14,6 +14,7 @@ from typing import Any, Optional, Protocol
 import ray
 
 from asyncrl.config import AsyncRLConfig
+from asyncrl.core.evaluation import EvaluationStage
 from asyncrl.core.stages import PPOCore
 from asyncrl.core.trainer_group import TrainerGroup
 from asyncrl.data.dataset import PromptDataset
@@ -63,6 +64,7 @@ class Runtime:
     mode_actors: dict[str, Any]     # the mode's own actors (fully async: the rollouter, which owns the rollout)
     actors: list[Any]               # every actor the run started (trainer ranks, replicas, mode actors)
     resume_from: Optional[Path] = None  # the checkpoint to resume from, checked against the config before Ray
+    evaluation: Optional[EvaluationStage] = None   # evaluation.enable: the evaluation stage and its actors
 
     def close(self) -> None:
         """Saves the timeline, stops the scoring processes, the rollout and every actor, frees the devices."""

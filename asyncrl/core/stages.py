@@ -5,6 +5,7 @@
     samples = core.generate(prompts, salts, metrics)
     samples = core.compute_reward(samples, metrics)
     batch = core.train(samples, step, metrics)             # the stage tail, written once:
+    #   samples = core.compute_teacher_log_prob(samples, metrics)   # no-op without distillation
     #   batch = core.build_batch(samples, metrics)
     #   batch = core.compute_old_log_prob(batch, metrics)
     #   batch = core.compute_ref_log_prob(batch, metrics)  # no-op without a KL term
@@ -30,6 +31,7 @@ from asyncrl.algos import ADVANTAGE_ESTIMATORS, AdaptiveKLController, FixedKLCon
 from asyncrl.config import AsyncRLConfig, needs_critic, needs_greedy_baseline, needs_reference
 from asyncrl.core.advantage import rollout_correction
 from asyncrl.core.byo_agent import agent_samples, load_agent_runner, score_agent_samples, start_agent_runs
+from asyncrl.core.distillation import distill, teacher_failure_metrics, with_teacher_scores
 from asyncrl.core.greedy_baseline import greedy_params, greedy_requests, with_greedy_results
 from asyncrl.core.lengths import LengthDistribution
 from asyncrl.core.metrics import advantage_metrics, prefill_metrics, sample_metrics
@@ -47,6 +49,7 @@ from asyncrl.rollout import PendingGeneration, RolloutBackend
 from asyncrl.rollout.agent.generation import start_agent_generation
 from asyncrl.rollout.agent.loop import AgentLoop
 from asyncrl.rollout.agent.metrics import agent_metrics, tool_spans
+from asyncrl.teacher import TeacherPool
 from asyncrl.telemetry import Timeline, Tracker, timed
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch
 
@@ -68,8 +71,10 @@ class GenerationJob:
 
 class PPOCore:
     def __init__(self, config: AsyncRLConfig, trainers: TrainerGroup, rollout: RolloutBackend,
-                 reward: Scorer, tokenizer: Any, tracker: Tracker, timeline: Timeline):
+                 reward: Scorer, tokenizer: Any, tracker: Tracker, timeline: Timeline,
+                 teacher: Optional[TeacherPool] = None):
         self.config = config
+        self.teacher = teacher   # algorithm.distillation's teacher actors
         self.trainers = trainers
         self.rollout = rollout
         self.reward = reward
@@ -187,7 +192,9 @@ class PPOCore:
               anchor: str = "current") -> TrainBatch:
         """The stage tail every recipe shares, from scored samples to updated weights: batch -> old
         log-probs (`anchor`: see `compute_old_log_prob`) -> reference log-probs -> values -> advantages ->
-        critic and actor updates. Returns the batch it trained on."""
+        critic and actor updates; with distillation the teacher scores the samples first. Returns the batch it
+        trained on."""
+        samples = self.compute_teacher_log_prob(samples, metrics)
         batch = self.build_batch(samples, metrics)
         batch = self.compute_old_log_prob(batch, metrics, anchor)
         batch = self.compute_ref_log_prob(batch, metrics)
@@ -196,6 +203,16 @@ class PPOCore:
         self.update_critic(batch, step, metrics)
         self.update_actor(batch, step, metrics)
         return batch
+
+    def compute_teacher_log_prob(self, samples: Sequence[Sample], metrics: dict[str, float]) -> list[Sample]:
+        """algorithm.distillation: the teacher's log-probs of every response token, for the samples that have none
+        yet (the fully-async rollouter scores its groups before queueing them)."""
+        if self.teacher is None:
+            return list(samples)
+        with self.timed(metrics, "teacher"):
+            samples = with_teacher_scores(samples, self.teacher)
+        metrics.update(teacher_failure_metrics(samples))
+        return samples
 
     def build_batch(self, samples: Sequence[Sample], metrics: dict[str, float]) -> TrainBatch:
         batch = samples_to_batch(samples)
@@ -253,6 +270,8 @@ class PPOCore:
                 reward_baselines=batch.reward_baselines, gamma=algorithm.gamma,
                 lam=algorithm.lam, norm_adv_by_std=algorithm.norm_adv_by_std_in_grpo)
             batch = batch.replace(token_level_rewards=rewards, advantages=advantages, returns=returns)
+            if algorithm.distillation.enable:
+                batch = distill(batch, algorithm.distillation, metrics)
             # Rejection changes which tokens train, after advantages were computed over whole groups.
             batch = rollout_correction(batch, algorithm.rollout_correction, metrics)
         metrics.update(advantage_metrics(batch))

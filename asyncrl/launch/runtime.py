@@ -1,10 +1,11 @@
 """The composition root: build what a run needs, in a fixed order, after the config is validated:
 
 tokenizer, datasets and the rollout backend's name (errors here start no Ray worker) -> the checkpoint to resume
-from, checked against the config (before any file is written) -> reward executor and the reward model's check
--> config.yaml -> Ray -> resource pools (one atomic reservation) -> reward-model actors, rollout replicas and the
-mode's actors (loading while) -> trainer ranks -> the rollout backend (built once, from its registry entry) -> the
-reward-model actors joined -> the PPO core, with tracker and timeline.
+from, checked against the config (before any file is written) -> reward executor, the reward model's and the
+distillation teacher's checks -> config.yaml -> Ray -> resource pools (one atomic reservation) -> the actors outside
+the pools (reward models, teacher, evaluators: `side_actors.py`), rollout replicas and the mode's actors (loading
+while) -> trainer ranks -> the rollout backend (built once, from its registry entry) -> the side actors joined ->
+the PPO core, with tracker and timeline, and the evaluation stage.
 
     runtime = build_runtime(config)
     ... recipe uses runtime.core, runtime.train_data, runtime.val_data ...
@@ -25,6 +26,7 @@ import torch
 
 from asyncrl.config import AsyncRLConfig, ConfigError, check_environment, check_named_choices, dump_config
 from asyncrl.core import PPOCore, Runtime, TrainerGroup
+from asyncrl.core.evaluation import EvaluationStage
 from asyncrl.core.trainer_rank import TrainerActor
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.launch.cpu_threads import threads_per_worker
@@ -33,11 +35,13 @@ from asyncrl.launch.preflight import check_external_servers, check_model_inputs,
 from asyncrl.launch.ray_cluster import start_ray
 from asyncrl.launch.resource_pool import PoolSpec, Pools, ResourceError, allocate_pools
 from asyncrl.launch.resume_check import check_resume
+from asyncrl.launch.side_actors import SideActors
 from asyncrl.launch.stop_signals import StopSignals
 from asyncrl.recipes.training_loop import total_training_steps
 from asyncrl.remote import RemoteCallError, wait_for, wait_for_all, worker_name
 from asyncrl.rewards import RewardExecutor, RewardModelPool, Scorer, check_reward_model
 from asyncrl.rollout import RolloutBackend, RolloutBackendSpec, RolloutContext, resolve_backend
+from asyncrl.teacher import TeacherPool, check_teacher
 from asyncrl.telemetry import Timeline, Tracker
 
 
@@ -62,6 +66,13 @@ def load_inputs(config: AsyncRLConfig) -> tuple[Any, PromptDataset, Optional[Pro
     val = PromptDataset.from_files(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
     check_datasets(config, train, val)
     return tokenizer, train, val
+
+
+def evaluation_data(config: AsyncRLConfig, tokenizer: Any, val_data: Optional[PromptDataset]) -> Optional[PromptDataset]:
+    """The evaluation stage's prompts: evaluation.data_files, or the validation prompts (checked before Ray)."""
+    if not config.evaluation.enable or not config.evaluation.data_files:
+        return val_data
+    return PromptDataset.from_files(config.evaluation.data_files, tokenizer, config.data)
 
 
 def uses_gpu(config: AsyncRLConfig) -> bool:
@@ -174,7 +185,8 @@ def rollout_context(config: AsyncRLConfig, pools: Pools, replicas: list[Any], tr
 class ModeActors:
     """A mode's own actors: started with the runtime, not after it, and able to own the rollout backend."""
     # Starts them from what the runtime loaded, without waiting for them.
-    launch: Callable[[AsyncRLConfig, Any, PromptDataset, Optional[RewardModelPool]], dict[str, Any]]
+    launch: Callable[[AsyncRLConfig, Any, PromptDataset, Optional[RewardModelPool], Optional[TeacherPool]],
+                     dict[str, Any]]
     # Builds the backend inside one of them and returns the driver's handle on it.
     host_rollout: Callable[[dict[str, Any], RolloutBackendSpec, RolloutContext], RolloutBackend]
 
@@ -184,12 +196,14 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
     start), then joined; the rollout backend named by `rollout.backend` is resolved once, here."""
     backend = resolve_backend(config)
     tokenizer, train_data, val_data = load_inputs(config)
+    eval_data = evaluation_data(config, tokenizer, val_data)
     output_dir = Path(config.trainer.output_dir)
     # A refused or finished resume is found here, before the earlier run's config.yaml (or anything) is written.
     resume = check_resume(config, output_dir, len(train_data))
     reward = RewardExecutor.from_config(config.reward)
     try:
         check_reward_model(config.reward.model)
+        check_teacher(config, tokenizer, config.model.tokenizer_path or config.model.path)
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.yaml").write_text(dump_config(config))
         start_ray(config.ray)
@@ -202,28 +216,24 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
     replicas: list[Any] = []
     actors: dict[str, Any] = {}
     trainers: Optional[TrainerGroup] = None
-    # The reward-model actors sit outside the pools: a fraction of a CPU each, or the GPU share they ask for.
-    reward_models: Optional[RewardModelPool] = None
-    reward_actors: list[Any] = []
+    side = SideActors()
     try:
-        if config.reward.model.enable:
-            reward_models = RewardModelPool.launch(config.reward.model)
-            reward_actors = reward_models.actors
+        side = SideActors.launch(config)
         replicas = launch_replicas(config, pools, backend.replica) if backend.placement == "separate" else []
-        actors = mode_actors.launch(config, tokenizer, train_data, reward_models) if mode_actors is not None else {}
+        actors = mode_actors.launch(config, tokenizer, train_data, side.reward_models, side.teacher) \
+            if mode_actors is not None else {}
         trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)),
                                   host_engine=backend.placement == "colocated")
         context = rollout_context(config, pools, replicas, trainers)
         rollout = mode_actors.host_rollout(actors, backend, context) if mode_actors is not None else \
             backend.fn(context)
         pids = {**actor_pids(config, trainers, replicas),
-                **{f"reward/scorer{index}": pid for index, pid in enumerate(reward.pids())}}
-        if reward_models is not None:
-            pids.update(zip(reward_models.names, reward_models.wait_ready(config.ray.rpc_timeout_s)))
+                **{f"reward/scorer{index}": pid for index, pid in enumerate(reward.pids())},
+                **side.wait_ready(config.ray.rpc_timeout_s)}
         logger.info("processes: %s", ", ".join(f"{name} pid {pid}" for name, pid in pids.items()))
     except BaseException:
         # A failed start leaves nothing behind in a shared Ray cluster: actors, devices and scoring processes.
-        for actor in [*actors.values(), *replicas, *reward_actors, *(trainers.actors if trainers is not None else [])]:
+        for actor in [*actors.values(), *replicas, *side.actors, *(trainers.actors if trainers is not None else [])]:
             ray.kill(actor)
         pools.release()
         reward.close()
@@ -232,9 +242,11 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
                       # metrics.jsonl lines from the first step this run logs on (a previous attempt's) are dropped
                       dataclasses.asdict(config), resume_step=resume.step + 1 if resume.folder is not None else 0)
     timeline = Timeline()
-    scorer = Scorer(reward, reward_models, config.reward.model)
-    core = PPOCore(config, trainers, rollout, scorer, tokenizer, tracker, timeline)
+    scorer = Scorer(reward, side.reward_models, config.reward.model)
+    core = PPOCore(config, trainers, rollout, scorer, tokenizer, tracker, timeline, side.teacher)
+    evaluation = EvaluationStage(config, eval_data, scorer, tokenizer, trainers, side.evaluators) \
+        if side.evaluators else None
     return Runtime(config, output_dir, tokenizer, train_data, val_data, scorer, pools, trainers, rollout, core,
                    tracker, timeline, StopSignals(), actors, [*actors.values(), *replicas, *trainers.actors,
-                                                               *reward_actors],
-                   resume.folder)
+                                                               *side.actors],
+                   resume.folder, evaluation)

@@ -165,6 +165,7 @@ class TrainingLoop:
             self.validate(initial)
             core.log(initial, 0)
         recipe.begin()
+        self.evaluate(initial)   # evaluation.enable: version 0's evaluation runs during the first steps
         logger.info("%d steps; %s", self.total_steps, step_meaning(self.runtime.config))
         progress = Progress(self.total_steps, initial_step=self.step)
         # The end of the run is inside too: a signal while it validates, saves and plots lets it finish (the
@@ -178,6 +179,7 @@ class TrainingLoop:
                 self.record_step(metrics, len(samples), num_tokens, time.monotonic() - started)
                 self.dump_rollouts(samples, core.decode)
                 self.maybe_validate(metrics)
+                self.evaluate(metrics)
                 core.log(metrics, self.step)
                 progress.update(self.step, metrics)
                 recipe.maybe_checkpoint()
@@ -255,6 +257,16 @@ class TrainingLoop:
         if frequency > 0 and self.step % frequency == 0 and not self.is_done:
             self.validate(metrics)
 
+    def evaluate(self, metrics: dict[str, float]) -> None:
+        """The evaluation stage after a step: log what came back (a row each, under the version it measured), and
+        dispatch the trainer's weights when their version is due."""
+        evaluation = self.runtime.evaluation
+        if evaluation is None:
+            return
+        for row in evaluation.poll(self.step):
+            self.runtime.core.log(row, self.step)
+        evaluation.maybe_start(self.runtime.core.weights_version, self.step, metrics)
+
     def record_step(self, metrics: dict[str, float], num_samples: int, num_tokens: int, step_seconds: float) -> None:
         self.num_samples += num_samples
         self.num_tokens += num_tokens
@@ -274,6 +286,10 @@ class TrainingLoop:
         save_checkpoint()
         runtime.trainers.export_policy(str(runtime.output_dir / "policy"))
         summary = self.summary(initial_validation, self.last_validation)
+        if runtime.evaluation is not None:
+            for row in runtime.evaluation.finish(runtime.core.weights_version, self.step):
+                runtime.core.log(row, self.step)
+            summary["evaluation"] = runtime.evaluation.summary()
         (runtime.output_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
         runtime.tracker.close()
         plot_run(runtime.output_dir)

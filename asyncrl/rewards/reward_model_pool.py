@@ -25,7 +25,7 @@ from asyncrl.config import ConfigError
 from asyncrl.config.reward_schema import RewardModelConfig
 from asyncrl.config.user_code import split_spec
 from asyncrl.models import check_model_folder, load_tokenizer
-from asyncrl.remote import RemoteCallError, RemoteTimeoutError, wait_for, wait_for_all, worker_name
+from asyncrl.remote import collect_shares, contiguous_shares, wait_for_all, worker_name
 from asyncrl.rewards.judge import ANSWER_PARSERS, check_template, check_template_fits
 from asyncrl.rewards.protocol import Failure, RewardRequest, RewardResult
 from asyncrl.rewards.reward_model_worker import RewardModelWorker
@@ -103,26 +103,15 @@ class RewardModelPool:
         return wait_for_all([actor.ping.remote() for actor in self.actors], self.names, "load", timeout_s)
 
     def start(self, requests: list[RewardRequest]) -> PendingScores:
-        num_shares = min(len(self.actors), len(requests))
-        bounds = [len(requests) * index // num_shares for index in range(num_shares + 1)] if num_shares else [0]
-        shares = list(zip(bounds[:-1], bounds[1:]))
+        shares = contiguous_shares(len(requests), len(self.actors))
         refs = [self.actors[index].score.remote(requests[begin:end]) for index, (begin, end) in enumerate(shares)]
         return PendingScores(refs, shares, time.monotonic() + self.config.timeout_s)
 
     def collect(self, pending: PendingScores) -> list[RewardResult]:
         """The results in request order; a share past the deadline, or whose actor failed, scores 0."""
-        results: list[RewardResult] = []
-        for index, (ref, (begin, end)) in enumerate(zip(pending.refs, pending.shares)):
-            remaining = max(0.0, pending.deadline - time.monotonic())
-            try:
-                share = wait_for(ref, self.names[index], "score", remaining)
-            except RemoteTimeoutError as error:
-                # Its call may run on for long: a restarted actor takes the next call at once.
-                ray.kill(self.actors[index], no_restart=False)
-                share = [RewardResult.failed(Failure.TIMEOUT, str(error))] * (end - begin)
-            except RemoteCallError as error:
-                share = [RewardResult.failed(Failure.ERROR, str(error))] * (end - begin)
-            results.extend(share)
+        results = collect_shares(pending.refs, pending.shares, self.actors, self.names, "score", pending.deadline,
+                                 lambda timed_out, message: RewardResult.failed(
+                                     Failure.TIMEOUT if timed_out else Failure.ERROR, message))
         self.counters.num_scored += len(results)
         self.counters.num_errors += sum(result.failure in (Failure.ERROR, Failure.NONFINITE) for result in results)
         self.counters.num_timeouts += sum(result.failure is Failure.TIMEOUT for result in results)

@@ -27,6 +27,7 @@ PLOTS_DIR_NAME = "plots"
 SCORE_KEY = "critic/score/mean"
 VALIDATION_KEY = "val/score/mean"
 VALIDATION_SOURCE_PATTERN = re.compile(r"^val/(.+)/score/mean$")
+EVALUATION_VERSION_KEY = "val/param_version"   # the evaluation stage's rows: the policy version they measured
 RESPONSE_LENGTH_KEYS = ("response_length/mean", "response_length/max", "response_length/min")
 TIMING_PREFIX = "timing_s/"
 STEP_TIME_KEY = "timing_s/step"
@@ -94,6 +95,15 @@ def plot_validation_score(records: list[dict], path: Path) -> Path | None:
                       marker="o")
 
 
+def plot_evaluation(records: list[dict], path: Path) -> Path | None:
+    """The evaluation stage's score and pass@k against the policy version each evaluation measured."""
+    pass_keys = sorted({key for record in records for key in record if re.fullmatch(r"val/pass@\d+", key)},
+                       key=lambda key: int(key.rsplit("@", 1)[1]))
+    keys_and_labels = [(VALIDATION_KEY, "mean score")] + [(key, key.removeprefix("val/")) for key in pass_keys]
+    return plot_lines(records, keys_and_labels, EVALUATION_VERSION_KEY, "policy version measured", "score",
+                      "Evaluation by policy version", path, marker="o")
+
+
 def plot_time_breakdown(records: list[dict], path: Path) -> Path | None:
     """Stacked area of the step's stages per step, the whole step's time as a dashed line over them, and
     the times measured inside or beside the step (`UNSTACKED_TIMINGS`) as dotted lines."""
@@ -136,6 +146,7 @@ def plot_run(output_dir: str | Path) -> list[Path]:
         plot_lines(records, score, "wall_time_s", "wall time (s)", "training score", "Training score over time",
                    plots_dir / "score_vs_wall_time.png"),
         plot_validation_score(records, plots_dir / "validation_score.png"),
+        plot_evaluation(records, plots_dir / "evaluation_vs_version.png"),
         plot_lines(records, response_lengths, "step", "step", "response length (tokens)", "Response length",
                    plots_dir / "response_length.png"),
         plot_time_breakdown(records, plots_dir / "time_breakdown.png"),

@@ -33,7 +33,7 @@ from torch import Tensor
 TOKEN_FIELDS = ("input_ids", "routed_experts")
 OPTIONAL_RESPONSE_FIELDS = (
     "rollout_log_probs", "old_log_probs", "ref_log_probs", "values", "token_level_scores", "token_level_rewards",
-    "advantages", "returns", "rollout_is_weights", "versions",
+    "advantages", "returns", "rollout_is_weights", "versions", "teacher_log_probs", "teacher_mask",
 )
 
 
@@ -56,6 +56,8 @@ class TrainBatch:
     versions: Optional[Tensor] = None                # (B, R) int64: policy version that sampled each token
     reward_baselines: Optional[Tensor] = None        # (B,) float32: reward of the prompt's greedy response (remax)
     routed_experts: Optional[Tensor] = None          # (B, T, L, k) uint8/int16: the rollout's experts per input token
+    teacher_log_probs: Optional[Tensor] = None       # (B, R) float32: the distillation teacher's (0 where unscored)
+    teacher_mask: Optional[Tensor] = None            # (B, R) float32: 1 on tokens the teacher scored
 
     def __post_init__(self) -> None:
         num_rows = self.input_ids.shape[0]

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models", "data"),
     ("engine",),
     ("rewards", "train"),                 # a generative judge runs on the engine
-    ("rollout",),                         # backends: the engine, Ray replicas, weight sync
+    ("rollout", "teacher"),               # backends: the engine, Ray replicas, weight sync; the distillation teacher
     ("serving",),                         # `asyncrl serve` over the engine; recording endpoints sit on it
     ("core",),                            # the PPO stages over a trainer group and a rollout backend
     ("recipes",),

@@ -40,6 +40,7 @@ from typing import Any, Optional
 import ray
 
 from asyncrl.config import AsyncRLConfig
+from asyncrl.core.distillation import with_teacher_scores
 from asyncrl.core.dynamic_sampling import DynamicSamplingError, FilterWindow, has_signal
 from asyncrl.core.records import Sample
 from asyncrl.core.training_reward import score_for_training
@@ -52,11 +53,12 @@ from asyncrl.recipes.fully_async.group import Group, SlotRequests
 from asyncrl.recipes.fully_async.queue import SampleQueue
 from asyncrl.rewards import RewardExecutor, RewardModelPool, Scorer
 from asyncrl.rollout import RolloutHost
+from asyncrl.teacher import TeacherPool
 
 
 class Rollouter(RolloutHost):
     def __init__(self, config: AsyncRLConfig, tokenizer: Any, dataset: PromptDataset,
-                 reward_models: Optional[RewardModelPool] = None):
+                 reward_models: Optional[RewardModelPool] = None, teacher: Optional[TeacherPool] = None):
         self.config = config
         self.version = 0
         self.tokenizer = tokenizer
@@ -65,6 +67,7 @@ class Rollouter(RolloutHost):
         # Scoring processes cannot travel between actors: the rollouter starts its own from the same settings;
         # the reward-model actors (reward.model) are the run's, handed over by the composition root.
         self.reward = Scorer(RewardExecutor.from_config(config.reward), reward_models, config.reward.model)
+        self.teacher = teacher   # algorithm.distillation: groups are queued with the teacher's log-probs
         self.budget = StalenessBudget.from_config(config)
         self.queue = SampleQueue(capacity=self.budget.max_per_version)
         self.requests = SlotRequests.from_config(config)
@@ -164,6 +167,8 @@ class Rollouter(RolloutHost):
                 return
             await self.score(batch)
             kept = self.filter_groups(batch)
+            if self.teacher is not None:   # the groups that will train, scored while generation goes on
+                await self.score_with_teacher(kept)
             await self.queue.put_many([member.scored for member in kept])
             self.counters["queued_groups"] += len(kept)
             for member in batch:
@@ -182,6 +187,14 @@ class Rollouter(RolloutHost):
         start = 0
         for member, group in zip(batch, samples):
             member.scored, start = scored[start:start + len(group)], start + len(group)
+
+    async def score_with_teacher(self, batch: list[Group]) -> None:
+        """The teacher's log-probs for the groups' samples, in one call to its actors (in a worker thread)."""
+        flat = [sample for member in batch for sample in member.scored]
+        scored = await asyncio.to_thread(with_teacher_scores, flat, self.teacher)
+        start = 0
+        for member in batch:
+            member.scored, start = scored[start:start + len(member.scored)], start + len(member.scored)
 
     def filter_groups(self, batch: list[Group]) -> list[Group]:
         """The groups that go on the queue: all of them, or with dynamic sampling those whose rewards vary. A

@@ -33,6 +33,7 @@ from asyncrl.data.records import PromptRecord, TokenizedPrompt
 from asyncrl.engine import GenerationResult
 from asyncrl.recipes.fully_async.group import Group
 from asyncrl.rollout.agent import ToolCallRecord, Trajectory
+from asyncrl.teacher import TeacherScore
 
 STATE_VERSION = 1
 STRUCTURE_FILE = "fully_async_state.json"
@@ -71,6 +72,7 @@ register_record(Sample)
 register_record(Group)
 register_record(Trajectory)        # rollout.multi_turn: a parked group's token logs, their messages and calls
 register_record(ToolCallRecord)
+register_record(TeacherScore)      # algorithm.distillation: a queued sample's teacher log-probs
 
 
 # ---- writing ------------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from asyncrl.remote import RemoteCallError, wait_for
 from asyncrl.rewards import RewardModelPool
 from asyncrl.rollout import HostedRollout, RolloutBackend, RolloutBackendSpec, RolloutContext
 from asyncrl.rollout.weight_group import sync_deadline_s
+from asyncrl.teacher import TeacherPool
 
 POLL_S = 2.0  # how often a waiting trainer checks for dead replicas and stalls
 
@@ -71,10 +72,11 @@ class FullyAsyncRecipe:
     # ---- StepRecipe -----------------------------------------------------------------------------------
     @staticmethod
     def launch_actors(config: AsyncRLConfig, tokenizer: Any, train_data: PromptDataset,
-                      reward_models: Optional[RewardModelPool]) -> dict[str, Any]:
+                      reward_models: Optional[RewardModelPool], teacher: Optional[TeacherPool]) -> dict[str, Any]:
         """The rollouter (with the queue inside), started while the trainers start (it takes seconds to
         import and start its scoring processes); it waits for `host_rollout`, then for `begin`."""
-        return {"rollouter": RolloutActor.options(num_cpus=0.05).remote(config, tokenizer, train_data, reward_models)}
+        return {"rollouter": RolloutActor.options(num_cpus=0.05).remote(config, tokenizer, train_data, reward_models,
+                                                                        teacher)}
 
     @staticmethod
     def host_rollout(actors: dict[str, Any], backend: RolloutBackendSpec, context: RolloutContext) -> RolloutBackend:
