@@ -279,6 +279,9 @@ class PPOCore:
             self.rollout.sync_weights(self.version)
         self.updates_since_sync = 0
         metrics["param_version"] = float(self.version)
+        stats = self.rollout.sync_stats()
+        if stats is not None:
+            metrics.update(stats.metrics())
         metrics.update(self.rollout.health().metrics())
 
     def validate(self, dataset: PromptDataset, metrics: dict[str, float]) -> list[Sample]:

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import ray
-import torch
 
 from asyncrl.config import AsyncRLConfig, ConfigError, check_environment, dump_config
 from asyncrl.core import PPOCore, Runtime, TrainerGroup
 from asyncrl.core.trainer_rank import TrainerActor
 from asyncrl.data.dataset import PromptDataset
+from asyncrl.engine import EngineConfig
 from asyncrl.launch.cpu_threads import threads_per_worker
 from asyncrl.launch.input_checks import check_datasets, check_run_folders, warn_about_sampling
 from asyncrl.launch.preflight import check_external_servers, check_model_inputs, check_tools
@@ -165,7 +165,7 @@ def actor_pids(config: AsyncRLConfig, trainers: TrainerGroup, replicas: list[Any
 
 def rollout_context(config: AsyncRLConfig, pools: Pools, replicas: list[Any], trainers: TrainerGroup) -> RolloutContext:
     """What every rollout backend is built from."""
-    engine_dtype = torch.bfloat16 if pools.spec("trainer").num_gpus_per_worker else torch.float32
+    engine_dtype = EngineConfig.weights_dtype(config.model.dtype, pools.spec("trainer").num_gpus_per_worker > 0)
     return RolloutContext(config, trainers, replicas, engine_dtype, lambda: trainer_node_address(config, pools))
 
 

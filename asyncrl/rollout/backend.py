@@ -22,7 +22,7 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 from asyncrl.engine import GenerationRequest, GenerationResult
 from asyncrl.rollout.gate import BusyClock
@@ -86,6 +86,21 @@ class RolloutHealth:
                 "faults/requeued_requests": float(self.num_requeued_requests)}
 
 
+@dataclass(frozen=True)
+class SyncStats:
+    """What one sync moved: `bytes` on the wire (headers included), `dense_bytes` what a dense sync moves, and
+    the fraction of elements sent as changed (None when a dense sync did not compare)."""
+    bytes: int
+    dense_bytes: int
+    changed_fraction: Optional[float] = None
+
+    def metrics(self) -> dict[str, float]:
+        metrics = {"weight_sync/bytes": float(self.bytes), "weight_sync/dense_bytes": float(self.dense_bytes)}
+        if self.changed_fraction is not None:
+            metrics["weight_sync/changed_fraction"] = self.changed_fraction
+        return metrics
+
+
 class RolloutBackend(ABC):
     """Where generation runs. Asynchronous methods are called from an event loop (a Ray asyncio actor, an
     agent loop, a server); the others from the driver's synchronous stages."""
@@ -139,6 +154,11 @@ class RolloutBackend(ABC):
     @abstractmethod
     async def wake(self) -> None:
         ...
+
+    def sync_stats(self) -> Optional[SyncStats]:
+        """What the last `sync_weights` moved, for a backend that sends weights over a weight group (None for
+        one that copies them in process or has servers reload a folder)."""
+        return None
 
     # ---- health -----------------------------------------------------------------------------------------
     @abstractmethod

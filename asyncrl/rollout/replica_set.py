@@ -18,14 +18,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Optional
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from asyncrl.engine import GenerationRequest, GenerationResult
 from asyncrl.remote import RemoteCallError, RemoteUnavailableError, wait_for_all, worker_name
-from asyncrl.rollout.backend import PendingGeneration, RolloutBackend, RolloutHealth, WorkerOutput, spread
+from asyncrl.rollout.backend import (PendingGeneration, RolloutBackend, RolloutHealth, SyncStats, WorkerOutput,
+                                     spread)
 from asyncrl.rollout.gate import BusyClock, GatedControls, RequestGate
 from asyncrl.rollout.registry import ROLLOUT_BACKENDS, RolloutContext
 from asyncrl.rollout.replica import RolloutReplicaActor
@@ -38,6 +39,8 @@ logger = logging.getLogger(__name__)
                            summary="one Ray actor per rollout device, weights broadcast from trainer rank 0; a "
                                    "replica that dies is restarted and re-synced, its requests start again")
 class ReplicaSet(GatedControls, RolloutBackend):
+    applies_deltas = True   # replicas write what arrives into their parameters in place (weight_sync.encoding)
+
     def __init__(self, context: RolloutContext):
         config = context.config
         self.replicas = context.replicas
@@ -53,7 +56,8 @@ class ReplicaSet(GatedControls, RolloutBackend):
         self.num_failures = 0
         self.num_requeued = 0
         self.version = 0
-        plan = transfer_plan(config, context.engine_dtype)
+        self.last_sync: Optional[SyncStats] = None
+        plan = transfer_plan(config, context.engine_dtype, self.applies_deltas)
         self.weights = WeightGroup(self.trainers, self.replicas, self.names, plan, context.weight_address)
         self.incarnations = self.connect()
 
@@ -138,7 +142,7 @@ class ReplicaSet(GatedControls, RolloutBackend):
             self.reconnect(restarted)
         for attempt in range(self.max_restarts + 1):
             try:
-                self.weights.transfer(version, self.sync_timeout_s)
+                self.last_sync = self.weights.transfer(version, self.sync_timeout_s)
                 break
             except RemoteCallError as error:
                 restarted = self.restarted_replicas()
@@ -149,6 +153,9 @@ class ReplicaSet(GatedControls, RolloutBackend):
                 self.reconnect(restarted)
         self.version = version
         self.is_healthy = [True] * len(self.replicas)
+
+    def sync_stats(self) -> Optional[SyncStats]:
+        return self.last_sync
 
     def reconnect(self, restarted: list[str]) -> None:
         started = time.monotonic()
