@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     options = parser.parse_args()
     prepare_setup(options.out, options.task)
-    overrides = ["model.dtype=bfloat16", "weight_sync.encoding=sparse", f"trainer.total_training_steps={options.steps}",
+    overrides = ["model.dtype=bfloat16", "weight_sync.encoding=sparse", f"trainer.total_steps={options.steps}",
                  "trainer.test_freq=-1", *options.overrides]
     runs = []
     for index in range(options.runs):
