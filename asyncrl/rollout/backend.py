@@ -74,6 +74,8 @@ class RolloutHealth:
     num_restarts: int = 0               # workers Ray restarted that re-joined the weight group
     num_failures: int = 0               # workers taken out of rotation after dying mid-request
     num_requeued_requests: int = 0      # requests started again on another worker after theirs died
+    num_retired: int = 0                # workers stopped for good after failing too often in a row
+    num_resizes: int = 0                # times the set of workers grew or shrank on request (asyncrl scale)
 
     @property
     def needs_repair(self) -> bool:
@@ -83,7 +85,9 @@ class RolloutHealth:
     def metrics(self) -> dict[str, float]:
         return {"faults/replica_restarts": float(self.num_restarts),
                 "faults/replica_failures": float(self.num_failures),
-                "faults/requeued_requests": float(self.num_requeued_requests)}
+                "faults/requeued_requests": float(self.num_requeued_requests),
+                "faults/replicas_retired": float(self.num_retired),
+                "rollout/num_replicas": float(self.num_workers), "rollout/num_resizes": float(self.num_resizes)}
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,9 @@ class RolloutContext:
     replicas: list[Any]                              # Ray replica actors of a `separate` backend, else []
     engine_dtype: torch.dtype                        # the dtype replicas' engines hold weights in
     weight_address: Callable[[], tuple[str, int]]    # a fresh (host, port) on trainer rank 0's node
+    # Starts one more replica actor by index, on any node with a free device (growing a `separate` backend while
+    # it runs: `elastic.py`); None where the replicas cannot grow.
+    launch_replica: Optional[Callable[[int], Any]] = None
 
 
 def resolve_backend(config: AsyncRLConfig) -> RolloutBackendSpec:

@@ -2,8 +2,8 @@
 joined once and re-formed after a replica restarts; one transfer per sync (`weight_transport.py` moves the
 bytes).
 
-    group = WeightGroup(trainers, replicas, names, plan, new_address)
-    group.connect(timeout_s)             # every member joins a new process group
+    group = WeightGroup(trainers, plan, new_address)
+    group.connect(replicas, names, timeout_s)   # every member joins a new process group
     group.transfer(version, timeout_s)   # every trainer rank gathers, rank 0 broadcasts, each replica loads
 """
 
@@ -56,17 +56,17 @@ def sync_deadline_s(config: AsyncRLConfig) -> float:
 
 
 class WeightGroup:
-    def __init__(self, trainers: TrainerRanks, replicas: list[Any], names: list[str], plan: TransferPlan,
-                 new_address: Callable[[], tuple[str, int]]):
+    def __init__(self, trainers: TrainerRanks, plan: TransferPlan, new_address: Callable[[], tuple[str, int]]):
         self.trainers = trainers
-        self.replicas = replicas
-        self.names = names
         self.plan = plan
         self.new_address = new_address          # a fresh (host, port) on trainer rank 0's node
+        self.replicas: list[Any] = []
+        self.names: list[str] = []
 
-    def connect(self, timeout_s: float) -> None:
-        """Form the group: trainer rank 0 is rank 0, replica i is rank i + 1 (again after a replica restarted:
-        a new process must join a new group)."""
+    def connect(self, replicas: list[Any], names: list[str], timeout_s: float) -> None:
+        """Form the group: trainer rank 0 is rank 0, replica i is rank i + 1 (again after a replica restarted, or
+        joined, or left: the members of a process group are fixed when it forms)."""
+        self.replicas, self.names = list(replicas), list(names)
         host, port = self.new_address()
         world_size = len(self.replicas) + 1
         refs = [self.trainers.actors[0].join_weight_group.remote(host, port, world_size, self.plan, timeout_s)]

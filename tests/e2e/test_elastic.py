@@ -1,0 +1,79 @@
+"""Elastic rollout replicas through real Ray actors: a fully_async run on the demo's task grows from one replica to
+two and back to one while it trains (`asyncrl scale`, applied at the next weight sync). Every prompt of the epoch
+is trained exactly once, every token carries the version its step trained at (an on-policy pipeline: a new replica
+that took work before receiving the current weights would stamp its start-up version 0), and the throughput of
+each phase is in the metrics (samples per second per replica)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as parquet
+
+from asyncrl.launch import train
+from asyncrl.rollout.elastic import request_scale
+from asyncrl.telemetry import read_metrics
+from tests.e2e.replica_killer import last_step
+from tests.e2e.test_faults import trained_prompts
+from tests.e2e.test_fully_async import FULLY_ASYNC, dumped, training_rows
+
+NUM_PROMPTS, BATCH = 128, 8
+
+
+def rows_so_far(output: Path) -> list[dict]:
+    try:
+        return read_metrics(output / "metrics.jsonl")
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+def scale_one_two_one(output: Path, timeout_s: float, done: list[str]) -> None:
+    """Asks for 2 replicas once step 2 is logged, and for 1 again once a whole version ran on 2."""
+    deadline = time.monotonic() + timeout_s
+    while last_step(output) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    request_scale(output, 2)
+    done.append("grow")
+    while time.monotonic() < deadline:
+        if any(row.get("rollout/num_replicas_in_version") == 2 for row in rows_so_far(output)):
+            request_scale(output, 1)
+            done.append("shrink")
+            return
+        time.sleep(0.1)
+
+
+def phases(values: list[float]) -> list[float]:
+    """Consecutive equal values collapsed: [1, 1, 2, 2, 1] -> [1, 2, 1]."""
+    return [value for index, value in enumerate(values) if index == 0 or values[index - 1] != value]
+
+
+def test_fully_async_grows_to_two_replicas_and_back_while_training(make_raw_config, raw_policy, tmp_path,
+                                                                    ray_session):
+    epoch = tmp_path / "epoch.parquet"
+    parquet.write_table(parquet.read_table(raw_policy["train"]).slice(0, NUM_PROMPTS), epoch)
+    config = make_raw_config(*FULLY_ASYNC, f"data.train_files=[{epoch}]", f"data.train_batch_size={BATCH}",
+                             f"actor.ppo_mini_batch_size={BATCH}", "async_training.trigger_parameter_sync_step=1",
+                             "async_training.staleness_threshold=0", "weight_sync.timeout_s=120")
+    output = Path(config.trainer.output_dir)
+    done: list[str] = []
+    controller = threading.Thread(target=scale_one_two_one, args=(output, 600, done), daemon=True)
+    controller.start()
+    summary = train(config)
+    controller.join(timeout=10)
+    num_steps = NUM_PROMPTS // BATCH
+    assert summary["steps"] == num_steps and done == ["grow", "shrink"]
+    trained = trained_prompts(output, num_steps)
+    assert len(trained) == NUM_PROMPTS and set(trained.values()) == {1}   # every prompt once, none lost
+    rows = training_rows(str(output))
+    # Versions: each step trains on tokens all stamped with the version it trains at.
+    for step, samples in dumped(str(output)).items():
+        version = int(rows[step]["param_version"])
+        assert all(sample["versions"] == [version] for sample in samples), step
+    # Phases, from the replicas each version ran with; each phase reports its throughput.
+    measured = [row for _, row in sorted(rows.items()) if "rollout/num_replicas_in_version" in row]
+    assert phases([row["rollout/num_replicas_in_version"] for row in measured]) == [1.0, 2.0, 1.0]
+    assert all(row["rollout/samples_per_replica_s"] > 0 for row in measured)
+    assert max(row.get("rollout/num_resizes", 0) for row in rows.values()) == 2
+    assert rows[num_steps]["rollout/num_replicas"] == 1.0
