@@ -50,6 +50,8 @@ class Member:
     actor: Any
     index: int                   # the index it was started with (its name)
     incarnation: str = ""        # its process's id when it last joined the weight group
+    seen: str = ""               # its process's id when a ping last answered
+    death_counted: bool = False  # it died mid-request (counted); the restart a ping finds next is that death
     load: int = 0                # requests of `generate` calls running on it
     is_healthy: bool = True      # in rotation
     failures_in_row: int = 0     # deaths (mid-request or as a restart seen at a sync) since its last success
@@ -120,6 +122,7 @@ class ReplicaSet(GatedControls, RolloutBackend):
         if member.is_healthy:
             member.is_healthy = False
             member.failures_in_row += 1
+            member.death_counted = True
             self.num_failures += 1
 
     def start_generate(self, requests: list[GenerationRequest]) -> PendingGeneration:
@@ -151,10 +154,10 @@ class ReplicaSet(GatedControls, RolloutBackend):
     # ---- weights ----------------------------------------------------------------------------------------
     def connect(self) -> None:
         """(Re-)form the weight group with every replica, once each is up (one Ray will not restart is retired)."""
-        incarnations = self.ping_all()
+        self.restarted_replicas()
         self.weights.connect(self.replicas, self.names, self.sync_timeout_s)
         for member in self.members:
-            member.incarnation = incarnations[member]
+            member.incarnation = member.seen
         self.joined = list(self.members)
 
     def ping_all(self) -> dict[Member, str]:
@@ -178,14 +181,17 @@ class ReplicaSet(GatedControls, RolloutBackend):
             time.sleep(0.5)
 
     def restarted_replicas(self) -> list[Member]:
-        """Replicas Ray restarted since the weight group formed (waits for them to be up again); each counts as a
-        failure of that replica."""
-        incarnations = self.ping_all()
-        restarted = [member for member in self.members if incarnations[member] != member.incarnation]
-        for member in restarted:
-            if member.is_healthy:   # not seen dying mid-request: its restart is its failure
-                member.failures_in_row += 1
-        return restarted
+        """Replicas Ray restarted since the weight group formed (waits for them to be up again). Each new process
+        a ping finds is a death of that replica, counted unless it died mid-request (counted then)."""
+        answers = self.ping_all()
+        for member in self.members:
+            if answers[member] != member.seen and member.seen:
+                if member.death_counted:
+                    member.death_counted = False
+                else:
+                    member.failures_in_row += 1
+            member.seen = answers[member]
+        return [member for member in self.members if member.incarnation and member.incarnation != member.seen]
 
     def sync_weights(self, version: int) -> None:
         """Pause, broadcast the trainer's weights into every replica, stamp `version`, resume. Before the transfer
@@ -208,12 +214,20 @@ class ReplicaSet(GatedControls, RolloutBackend):
 
     def repair(self) -> bool:
         """Re-forms the weight group if a member restarted, or the members changed (retired, grown, shrunk) since
-        it formed; whether it did."""
-        restarted = self.restarted_replicas()
-        self.retire_failing()
-        if not restarted and self.members == self.joined:
-            return False
-        self.reconnect([member.name for member in restarted if member in self.members])
+        it formed; whether it did. A member that dies while the group forms is one more failure of it, and the
+        group forms again (up to rollout.max_replica_restarts times)."""
+        for attempt in range(self.max_restarts + 1):
+            restarted = self.restarted_replicas()
+            self.retire_failing()
+            if not restarted and self.members == self.joined:
+                return attempt > 0
+            try:
+                self.reconnect([member.name for member in restarted if member in self.members])
+                return True
+            except (RemoteCallError, RemoteTimeoutError) as error:
+                if attempt == self.max_restarts:
+                    raise
+                logger.warning("forming the weight group failed (%s); forming it again", error)
         return True
 
     def sync_stats(self) -> Optional[SyncStats]:
@@ -280,7 +294,7 @@ class ReplicaSet(GatedControls, RolloutBackend):
                            "some node?)", count, len(self.members), error)
             return
         for member, (_, incarnation) in zip(started, answers):
-            member.incarnation = incarnation
+            member.seen = incarnation
         self.members += started
 
     def shrink(self, count: int) -> None:

@@ -72,7 +72,14 @@ class WeightGroup:
         refs = [self.trainers.actors[0].join_weight_group.remote(host, port, world_size, self.plan, timeout_s)]
         refs += [replica.join_weight_group.remote(host, port, index + 1, world_size, self.plan, timeout_s)
                  for index, replica in enumerate(self.replicas)]
-        wait_for_all(refs, [self.trainers.names[0]] + self.names, "join_weight_group", timeout_s)
+        names = [self.trainers.names[0]] + self.names
+        try:
+            wait_for_all(refs, names, "join_weight_group", timeout_s)
+        except (RemoteCallError, RemoteTimeoutError):
+            # The others wait for the missing member until their store times out; a new group must not queue
+            # behind them (the trainer rank runs one call at a time).
+            settle(refs, names, timeout_s + SETTLE_GRACE_S)
+            raise
 
     def transfer(self, version: int, timeout_s: float) -> SyncStats:
         """Each replica pauses its stepping, receives and loads, stamps `version` and resumes, in one call;

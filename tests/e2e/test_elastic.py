@@ -2,17 +2,20 @@
 two and back to one while it trains (`asyncrl scale`, applied at the next weight sync). Every prompt of the epoch
 is trained exactly once, every token carries the version its step trained at (an on-policy pipeline: a new replica
 that took work before receiving the current weights would stamp its start-up version 0), and the throughput of
-each phase is in the metrics (samples per second per replica)."""
+each phase is in the metrics (samples per second per replica). A replica killed each time it starts is retired
+after rollout.max_replica_failures failures in a row, and the run finishes on the other."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
 
 import pyarrow.parquet as parquet
 
-from asyncrl.launch import train
+from asyncrl.launch import runtime, train
 from asyncrl.rollout.elastic import request_scale
 from asyncrl.telemetry import read_metrics
 from tests.e2e.replica_killer import last_step
@@ -77,3 +80,57 @@ def test_fully_async_grows_to_two_replicas_and_back_while_training(make_raw_conf
     assert all(row["rollout/samples_per_replica_s"] > 0 for row in measured)
     assert max(row.get("rollout/num_resizes", 0) for row in rows.values()) == 2
     assert rows[num_steps]["rollout/num_replicas"] == 1.0
+
+
+def kill_on_every_start(replicas: list, ray_session, after_step: int, output: Path, killed: list[int],
+                        stop: threading.Event) -> None:
+    """SIGKILLs the first replica's process once step `after_step` is logged, then again each time Ray has
+    restarted it (a new process id), until `stop`: it never answers a request again."""
+    while last_step(output) < after_step and not stop.is_set():
+        time.sleep(0.1)
+    while not stop.is_set():
+        try:
+            pid = ray_session.get(replicas[0].pid.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - down, restarting, or retired: ask again until told to stop
+            time.sleep(0.2)
+            continue
+        if pid not in killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+
+def test_a_replica_killed_on_every_start_is_retired_and_the_run_finishes_on_the_other(make_raw_config, raw_policy,
+                                                                                     tmp_path, ray_session,
+                                                                                     monkeypatch):
+    epoch = tmp_path / "epoch.parquet"
+    parquet.write_table(parquet.read_table(raw_policy["train"]).slice(0, 64), epoch)
+    config = make_raw_config(*FULLY_ASYNC, f"data.train_files=[{epoch}]", "data.train_batch_size=8",
+                             "actor.ppo_mini_batch_size=8", "rollout.n_gpus_per_node=2",
+                             "async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0.5",
+                             "rollout.max_replica_failures=2", "rollout.max_replica_restarts=4",
+                             "weight_sync.timeout_s=20")
+    output = Path(config.trainer.output_dir)
+    replicas: list = []
+    launch = runtime.launch_replicas
+
+    def launch_and_keep(*args):
+        replicas.extend(launch(*args))
+        return list(replicas)
+
+    monkeypatch.setattr(runtime, "launch_replicas", launch_and_keep)
+    killed: list[int] = []
+    stop = threading.Event()
+    killer = threading.Thread(target=kill_on_every_start, args=(replicas, ray_session, 1, output, killed, stop),
+                              daemon=True)
+    killer.start()
+    try:
+        summary = train(config)
+    finally:
+        stop.set()
+        killer.join(timeout=30)
+    assert len(killed) >= 2 and summary["steps"] == 8
+    trained = trained_prompts(output, 8)
+    assert len(trained) == 64 and set(trained.values()) == {1}
+    rows = training_rows(str(output))
+    assert max(row.get("faults/replicas_retired", 0) for row in rows.values()) == 1
+    assert rows[8]["rollout/num_replicas"] == 1.0

@@ -183,7 +183,7 @@ def test_a_scale_request_grows_the_set_with_synced_replicas_then_drains_it_back(
         assert histories == [(2, [1, 2]), (1, [2]), (1, [2])]
         pending = rollout.start_generate(requests("batch", 6))
         assert {int(result.response_ids[0]) for result in pending.results()} == {0, 1, 2}
-        assert rollout.health().num_resizes == 1
+        assert rollout.health().num_resizes == 1 and rollout.health().num_restarts == 0   # joined, not restarted
         assert main(["scale", str(run_dir), "--replicas", "1"]) == 0
         rollout.sync_weights(3)
         assert rollout.names == ["rollout/replica0"]   # the newest left first
