@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import ray
 import torch
 
 from asyncrl.config import load_config
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.data.make import make_task, write_task
-from asyncrl.launch.resource_pool import allocate_pools
-from asyncrl.launch.runtime import launch_replicas, pool_specs, rollout_context, start_trainers
 from asyncrl.models import build_tiny_model, load_tokenizer
-from asyncrl.rollout import ReplicaSet, resolve_backend
-from asyncrl.rollout.replica import RolloutReplicaActor
-from tests.rollout.test_weight_sync import assert_states_equal, train_one_step
+from tests.rollout.test_weight_sync import assert_states_equal, start_replica_set, stop_setup, train_one_step
 
 
 @pytest.fixture(scope="module")
@@ -31,15 +26,10 @@ def bf16_setup(tmp_path_factory, ray_session):
         "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "actor.optim.lr=1e-4",
         "data.max_response_length=6", "rollout.cpu_kv_cache_mb=8", "weight_sync.bucket_mb=1",
         "weight_sync.encoding=sparse", "weight_sync.timeout_s=20", "ray.rpc_timeout_s=120"])
-    pools = allocate_pools(pool_specs(config, resolve_backend(config)))
-    trainers = start_trainers(config, pools, total_steps=10, host_engine=False)
-    rollout = ReplicaSet(rollout_context(config, pools, launch_replicas(config, pools, RolloutReplicaActor), trainers))
+    trainers, rollout, pools = start_replica_set(config)
     prompts = PromptDataset.from_files(config.data.train_files, load_tokenizer(model), config.data).prompts[:4]
     yield config, trainers, rollout, prompts
-    rollout.close()
-    for actor in trainers.actors:
-        ray.kill(actor)
-    pools.release()
+    stop_setup(trainers, rollout, pools)
 
 
 def rounded_to_bf16(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
