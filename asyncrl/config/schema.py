@@ -286,7 +286,8 @@ class WeightSyncConfig:
         "auto", "what a sync to Ray replicas sends (docs/weight-sync.md): dense = every weight; sparse = per "
                 "tensor only the elements whose value in the engine's dtype changed since the last sync (indices "
                 "or a bitmask, dense where that is smaller), the engines end bitwise equal to a dense sync; auto "
-                "= sparse for bf16 engines, dense otherwise. rollout.backend=vllm and external always send dense")
+                "= sparse for bf16 engines, dense otherwise. Ray replicas only (rollout.backend=ray_replicas): the "
+                "others load whole tensors, and refuse sparse")
 
 
 @dataclass

@@ -35,6 +35,9 @@ MODE_PLACEMENTS: dict[str, tuple[Placement, ...]] = {
     "one_step_off": ("separate", "external"),
     "fully_async": ("separate", "external"),
 }
+# How weights reach a backend's engines where no weight group carries them (weight_sync.encoding's errors).
+PLACEMENT_SYNC = {"colocated": "copies the weights into its engines in process",
+                  "external": "has its servers reload the weights from a folder"}
 DEFAULT_BACKENDS = {"sync": "colocated", "one_step_off": "ray_replicas", "fully_async": "ray_replicas"}
 
 
@@ -95,6 +98,9 @@ def resolve_backend(config: AsyncRLConfig) -> RolloutBackendSpec:
         raise ConfigError(f"rollout.backend={name} runs its engines {spec.placement} (in the trainer ranks), which "
                           f"trainer.mode={mode} cannot overlap with training; use a backend on its own devices "
                           f"({', '.join(s.name for s in ROLLOUT_BACKENDS.specs() if s.placement != 'colocated')})")
+    if config.weight_sync.encoding == "sparse" and spec.placement != "separate":
+        raise ConfigError(f"weight_sync.encoding=sparse sends deltas to Ray replicas over their weight group; "
+                          f"rollout.backend={name} {PLACEMENT_SYNC[spec.placement]}: use weight_sync.encoding=auto")
     if spec.check is not None:
         spec.check(config)
     return spec
