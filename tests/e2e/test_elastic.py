@@ -32,15 +32,15 @@ def rows_so_far(output: Path) -> list[dict]:
         return []
 
 
-def scale_one_two_one(output: Path, timeout_s: float, done: list[str]) -> None:
-    """Asks for 2 replicas once step 2 is logged, and for 1 again once a whole version ran on 2."""
+def scale_one_two_one(output: Path, timeout_s: float, done: list[str], metric: str) -> None:
+    """Asks for 2 replicas once step 2 is logged, and for 1 again once `metric` says 2 replicas ran."""
     deadline = time.monotonic() + timeout_s
     while last_step(output) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     request_scale(output, 2)
     done.append("grow")
     while time.monotonic() < deadline:
-        if any(row.get("rollout/num_replicas_in_version") == 2 for row in rows_so_far(output)):
+        if any(row.get(metric) == 2 for row in rows_so_far(output)):
             request_scale(output, 1)
             done.append("shrink")
             return
@@ -61,7 +61,8 @@ def test_fully_async_grows_to_two_replicas_and_back_while_training(make_raw_conf
                              "async_training.staleness_threshold=0", "weight_sync.timeout_s=120")
     output = Path(config.trainer.output_dir)
     done: list[str] = []
-    controller = threading.Thread(target=scale_one_two_one, args=(output, 600, done), daemon=True)
+    controller = threading.Thread(target=scale_one_two_one, daemon=True,
+                                  args=(output, 600, done, "rollout/num_replicas_in_version"))
     controller.start()
     summary = train(config)
     controller.join(timeout=10)
@@ -80,6 +81,32 @@ def test_fully_async_grows_to_two_replicas_and_back_while_training(make_raw_conf
     assert all(row["rollout/samples_per_replica_s"] > 0 for row in measured)
     assert max(row.get("rollout/num_resizes", 0) for row in rows.values()) == 2
     assert rows[num_steps]["rollout/num_replicas"] == 1.0
+
+
+def test_one_step_off_grows_to_two_replicas_and_back_while_training(make_raw_config, raw_policy, tmp_path,
+                                                                    ray_session):
+    """The driver holds the replica set in one_step_off: the same control, applied at the sync of a step, after the
+    batch in flight was collected; the batch dispatched next is spread over the replicas the sync left."""
+    epoch = tmp_path / "epoch.parquet"
+    parquet.write_table(parquet.read_table(raw_policy["train"]).slice(0, NUM_PROMPTS), epoch)
+    config = make_raw_config("trainer.mode=one_step_off", "rollout.n_gpus_per_node=1", "trainer.dump_rollouts=true",
+                             "trainer.val_before_train=false", "data.val_files=[]", f"data.train_files=[{epoch}]",
+                             f"data.train_batch_size={BATCH}", f"actor.ppo_mini_batch_size={BATCH}")
+    output = Path(config.trainer.output_dir)
+    done: list[str] = []
+    controller = threading.Thread(target=scale_one_two_one, args=(output, 600, done, "rollout/num_replicas"),
+                                  daemon=True)
+    controller.start()
+    summary = train(config)
+    controller.join(timeout=10)
+    num_steps = NUM_PROMPTS // BATCH
+    assert summary["steps"] == num_steps and done == ["grow", "shrink"]
+    trained = trained_prompts(output, num_steps)
+    assert len(trained) == NUM_PROMPTS and set(trained.values()) == {1}
+    for step, samples in dumped(str(output)).items():
+        assert all(sample["versions"] == [step - 1] for sample in samples), step   # one version stale, always
+    rows = training_rows(str(output))
+    assert phases([rows[step]["rollout/num_replicas"] for step in sorted(rows)]) == [1.0, 2.0, 1.0]
 
 
 def kill_on_every_start(replicas: list, ray_session, after_step: int, output: Path, killed: list[int],
