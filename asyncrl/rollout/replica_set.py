@@ -162,7 +162,8 @@ class ReplicaSet(GatedControls, RolloutBackend):
 
     def ping_all(self) -> dict[Member, str]:
         """Every replica's incarnation, waiting (up to the sync timeout) for one Ray is restarting; replicas
-        are named by the index they were started with. A replica that is dead for good is retired."""
+        are named by the index they were started with. A replica that is dead for good, or not back by then, is
+        retired."""
         deadline = time.monotonic() + self.sync_timeout_s
         answers: dict[Member, str] = {}
         while True:
@@ -171,9 +172,10 @@ class ReplicaSet(GatedControls, RolloutBackend):
             for member, ref in zip(waiting, refs):
                 try:
                     member.index, answers[member] = wait_for(ref, member.name, "ping", self.timeout_s)
-                except RemoteUnavailableError:
+                except RemoteUnavailableError as error:
                     if time.monotonic() > deadline:
-                        raise
+                        self.retire(member, f"Ray did not bring it back within weight_sync.timeout_s="
+                                            f"{self.sync_timeout_s:.0f}s ({error})")
                 except RemoteCallError as error:
                     self.retire(member, f"it died and Ray does not restart it ({error})")
             if all(member in answers for member in self.members):

@@ -130,9 +130,9 @@ def test_a_replica_killed_on_every_start_is_retired_and_the_run_finishes_on_the_
                                                                                      tmp_path, ray_session,
                                                                                      monkeypatch):
     epoch = tmp_path / "epoch.parquet"
-    parquet.write_table(parquet.read_table(raw_policy["train"]).slice(0, 64), epoch)
-    config = make_raw_config(*FULLY_ASYNC, f"data.train_files=[{epoch}]", "data.train_batch_size=8",
-                             "actor.ppo_mini_batch_size=8", "rollout.n_gpus_per_node=2",
+    parquet.write_table(parquet.read_table(raw_policy["train"]).slice(0, NUM_PROMPTS), epoch)
+    config = make_raw_config(*FULLY_ASYNC, f"data.train_files=[{epoch}]", f"data.train_batch_size={BATCH}",
+                             f"actor.ppo_mini_batch_size={BATCH}", "rollout.n_gpus_per_node=2",
                              "async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0.5",
                              "rollout.max_replica_failures=2", "rollout.max_replica_restarts=4",
                              "weight_sync.timeout_s=20")
@@ -155,9 +155,9 @@ def test_a_replica_killed_on_every_start_is_retired_and_the_run_finishes_on_the_
     finally:
         stop.set()
         killer.join(timeout=30)
-    assert len(killed) >= 2 and summary["steps"] == 8
-    trained = trained_prompts(output, 8)
-    assert len(trained) == 64 and set(trained.values()) == {1}
+    assert len(killed) >= 2 and summary["steps"] == NUM_PROMPTS // BATCH
+    trained = trained_prompts(output, NUM_PROMPTS // BATCH)
+    assert len(trained) == NUM_PROMPTS and set(trained.values()) == {1}
     rows = training_rows(str(output))
     assert max(row.get("faults/replicas_retired", 0) for row in rows.values()) == 1
-    assert rows[8]["rollout/num_replicas"] == 1.0
+    assert rows[NUM_PROMPTS // BATCH]["rollout/num_replicas"] == 1.0
