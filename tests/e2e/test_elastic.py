@@ -52,17 +52,18 @@ def phases(values: list[float]) -> list[float]:
     return [value for index, value in enumerate(values) if index == 0 or values[index - 1] != value]
 
 
-def test_fully_async_grows_to_two_replicas_and_back_while_training(make_raw_config, raw_policy, tmp_path,
-                                                                    ray_session):
+def epoch_of(raw_policy, tmp_path: Path) -> Path:
     epoch = tmp_path / "epoch.parquet"
     parquet.write_table(parquet.read_table(raw_policy["train"]).slice(0, NUM_PROMPTS), epoch)
-    config = make_raw_config(*FULLY_ASYNC, f"data.train_files=[{epoch}]", f"data.train_batch_size={BATCH}",
-                             f"actor.ppo_mini_batch_size={BATCH}", "async_training.trigger_parameter_sync_step=1",
-                             "async_training.staleness_threshold=0", "weight_sync.timeout_s=120")
+    return epoch
+
+
+def train_while_scaling(config, metric: str) -> dict[int, dict]:
+    """Trains while `scale_one_two_one` asks for 2 replicas, then 1; checks that both requests were made, the run
+    trained all its steps and every prompt exactly once; returns its training rows by step."""
     output = Path(config.trainer.output_dir)
     done: list[str] = []
-    controller = threading.Thread(target=scale_one_two_one, daemon=True,
-                                  args=(output, 600, done, "rollout/num_replicas_in_version"))
+    controller = threading.Thread(target=scale_one_two_one, args=(output, 600, done, metric), daemon=True)
     controller.start()
     summary = train(config)
     controller.join(timeout=10)
@@ -70,9 +71,18 @@ def test_fully_async_grows_to_two_replicas_and_back_while_training(make_raw_conf
     assert summary["steps"] == num_steps and done == ["grow", "shrink"]
     trained = trained_prompts(output, num_steps)
     assert len(trained) == NUM_PROMPTS and set(trained.values()) == {1}   # every prompt once, none lost
-    rows = training_rows(str(output))
+    return training_rows(str(output))
+
+
+def test_fully_async_grows_to_two_replicas_and_back_while_training(make_raw_config, raw_policy, tmp_path,
+                                                                    ray_session):
+    config = make_raw_config(*FULLY_ASYNC, f"data.train_files=[{epoch_of(raw_policy, tmp_path)}]",
+                             f"data.train_batch_size={BATCH}", f"actor.ppo_mini_batch_size={BATCH}",
+                             "async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0",
+                             "weight_sync.timeout_s=120")
+    rows = train_while_scaling(config, "rollout/num_replicas_in_version")
     # Versions: each step trains on tokens all stamped with the version it trains at.
-    for step, samples in dumped(str(output)).items():
+    for step, samples in dumped(config.trainer.output_dir).items():
         version = int(rows[step]["param_version"])
         assert all(sample["versions"] == [version] for sample in samples), step
     # Phases, from the replicas each version ran with; each phase reports its throughput.
@@ -80,32 +90,20 @@ def test_fully_async_grows_to_two_replicas_and_back_while_training(make_raw_conf
     assert phases([row["rollout/num_replicas_in_version"] for row in measured]) == [1.0, 2.0, 1.0]
     assert all(row["rollout/samples_per_replica_s"] > 0 for row in measured)
     assert max(row.get("rollout/num_resizes", 0) for row in rows.values()) == 2
-    assert rows[num_steps]["rollout/num_replicas"] == 1.0
+    assert rows[max(rows)]["rollout/num_replicas"] == 1.0
 
 
 def test_one_step_off_grows_to_two_replicas_and_back_while_training(make_raw_config, raw_policy, tmp_path,
                                                                     ray_session):
     """The driver holds the replica set in one_step_off: the same control, applied at the sync of a step, after the
     batch in flight was collected; the batch dispatched next is spread over the replicas the sync left."""
-    epoch = tmp_path / "epoch.parquet"
-    parquet.write_table(parquet.read_table(raw_policy["train"]).slice(0, NUM_PROMPTS), epoch)
     config = make_raw_config("trainer.mode=one_step_off", "rollout.n_gpus_per_node=1", "trainer.dump_rollouts=true",
-                             "trainer.val_before_train=false", "data.val_files=[]", f"data.train_files=[{epoch}]",
-                             f"data.train_batch_size={BATCH}", f"actor.ppo_mini_batch_size={BATCH}")
-    output = Path(config.trainer.output_dir)
-    done: list[str] = []
-    controller = threading.Thread(target=scale_one_two_one, args=(output, 600, done, "rollout/num_replicas"),
-                                  daemon=True)
-    controller.start()
-    summary = train(config)
-    controller.join(timeout=10)
-    num_steps = NUM_PROMPTS // BATCH
-    assert summary["steps"] == num_steps and done == ["grow", "shrink"]
-    trained = trained_prompts(output, num_steps)
-    assert len(trained) == NUM_PROMPTS and set(trained.values()) == {1}
-    for step, samples in dumped(str(output)).items():
+                             "trainer.val_before_train=false", "data.val_files=[]",
+                             f"data.train_files=[{epoch_of(raw_policy, tmp_path)}]", f"data.train_batch_size={BATCH}",
+                             f"actor.ppo_mini_batch_size={BATCH}")
+    rows = train_while_scaling(config, "rollout/num_replicas")
+    for step, samples in dumped(config.trainer.output_dir).items():
         assert all(sample["versions"] == [step - 1] for sample in samples), step   # one version stale, always
-    rows = training_rows(str(output))
     assert phases([rows[step]["rollout/num_replicas"] for step in sorted(rows)]) == [1.0, 2.0, 1.0]
 
 
@@ -129,10 +127,9 @@ def kill_on_every_start(replicas: list, ray_session, after_step: int, output: Pa
 def test_a_replica_killed_on_every_start_is_retired_and_the_run_finishes_on_the_other(make_raw_config, raw_policy,
                                                                                      tmp_path, ray_session,
                                                                                      monkeypatch):
-    epoch = tmp_path / "epoch.parquet"
-    parquet.write_table(parquet.read_table(raw_policy["train"]).slice(0, NUM_PROMPTS), epoch)
-    config = make_raw_config(*FULLY_ASYNC, f"data.train_files=[{epoch}]", f"data.train_batch_size={BATCH}",
-                             f"actor.ppo_mini_batch_size={BATCH}", "rollout.n_gpus_per_node=2",
+    config = make_raw_config(*FULLY_ASYNC, f"data.train_files=[{epoch_of(raw_policy, tmp_path)}]",
+                             f"data.train_batch_size={BATCH}", f"actor.ppo_mini_batch_size={BATCH}",
+                             "rollout.n_gpus_per_node=2",
                              "async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0.5",
                              "rollout.max_replica_failures=2", "rollout.max_replica_restarts=4",
                              "weight_sync.timeout_s=20")
