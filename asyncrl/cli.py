@@ -10,6 +10,7 @@
     asyncrl bench {engine,trainer,sync,modes,tools} ... prints a table, writes JSON under outputs/bench/
     asyncrl serve MODEL_DIR [--host H --port P --api-key K]   an OpenAI-compatible server (docs/serving.md)
     asyncrl check-server URL --model DIR [--api asyncrl|vllm]  is a server fit for RL rollouts? (named checks)
+    asyncrl scale RUN_DIR --replicas N            grow or shrink a running run's rollout replicas (docs/cluster.md)
 
 Errors in the user's input (config, data, reward function) print one line and exit with status 2.
 """
@@ -137,6 +138,17 @@ BENCHMARKS = {"engine": "asyncrl.bench.engine", "trainer": "asyncrl.bench.traine
               "modes": "asyncrl.bench.modes", "tools": "asyncrl.bench.tools"}
 
 
+def command_scale(options: argparse.Namespace) -> int:
+    from asyncrl.rollout.elastic import request_scale
+    try:
+        path = request_scale(options.run_dir, options.replicas)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}: the run takes {options.replicas} rollout replica(s) at its next weight sync")
+    return 0
+
+
 def command_check_server(options: argparse.Namespace) -> int:
     return check_server_main(options)
 
@@ -232,6 +244,12 @@ def add_inspection_commands(commands: argparse._SubParsersAction) -> None:
                                  "staleness from a finished run's metrics")
     advise.add_argument("run_dir", help="a run's trainer.output_dir")
     advise.set_defaults(run=command_advise)
+
+    scale = commands.add_parser("scale", help="grow or shrink the rollout replicas of a running one_step_off or "
+                                "fully_async run (applied at its next weight sync)")
+    scale.add_argument("run_dir", help="the run's trainer.output_dir")
+    scale.add_argument("--replicas", type=int, required=True, help="the number of rollout replicas wanted")
+    scale.set_defaults(run=command_scale)
 
     data = commands.add_parser("data", help="datasets")
     data_commands = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")

@@ -149,6 +149,9 @@ class RolloutConfig:
     n_gpus_per_node: int = option(1, "rollout devices per node in separated modes (CPU slots on CPU)", gt=0)
     max_replica_restarts: int = option(3, "times Ray restarts a rollout replica that died (fully_async then "
                                           "re-syncs its weights and re-queues its requests)", ge=0)
+    max_replica_failures: int = option(3, "a rollout replica that fails this many times in a row (dies mid-request "
+                                          "or is found restarted at a weight sync) is retired at the next sync, "
+                                          "naming it, and the run goes on with the others", gt=0)
     nnodes: int = option(1, "rollout nodes in separated modes", gt=0)
     val_kwargs: ValSamplingConfig = section(ValSamplingConfig, "sampling used for validation")
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn agentic rollouts with tools")

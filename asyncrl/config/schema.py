@@ -286,6 +286,13 @@ class AsyncTrainingConfig:
 class WeightSyncConfig:
     bucket_mb: int = option(256, "bucket size of the bucketed broadcast, MiB", gt=0)
     timeout_s: float = option(120.0, "limit on each step of a weight sync", gt=0.0, le=MAX_WAIT_S)
+    encoding: Literal["auto", "dense", "sparse"] = option(
+        "dense", "what a sync to Ray replicas sends (docs/weight-sync.md): dense = every weight; sparse = per "
+                 "tensor only the elements whose value in the engine's dtype changed since the last sync (indices "
+                 "or a bitmask, dense where that is smaller), the engines end bitwise equal to a dense sync; auto "
+                 "= sparse for bf16 engines, dense otherwise. Sparse trades a compare per element on trainer rank 0 "
+                 "for bytes: for slow links (across nodes); not timed on GPU yet. Ray replicas only "
+                 "(rollout.backend=ray_replicas): the others load whole tensors, and refuse sparse")
 
 
 @dataclass

@@ -57,6 +57,7 @@ from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch
 logger = logging.getLogger(__name__)
 
 TRAINER_STAGES = frozenset({"old_log_prob", "ref", "values", "update_critic", "update_actor"})
+MEASURED_BY_SYNC = ("weight_sync/bytes",)   # also counted by the trainer (a dense sync), measured by a sync
 
 
 @dataclass
@@ -288,8 +289,10 @@ class PPOCore:
         if step <= self.config.trainer.critic_warmup:
             return
         with self.timed(metrics, "update_actor"):
-            metrics.update(self.trainers.update_actor(batch, PolicyUpdateSpec.from_config(
-                self.config, batch.num_rows, step)))
+            update = self.trainers.update_actor(batch, PolicyUpdateSpec.from_config(self.config, batch.num_rows, step))
+        # The trainer counts the bytes a dense sync of its weights moves; a sync that ran in this step (before the
+        # update) measured what it really moved, sparse deltas included, and that is kept.
+        metrics.update({**update, **{name: metrics[name] for name in MEASURED_BY_SYNC if name in metrics}})
         self.updates_since_sync += 1
 
     def sync_weights(self, metrics: dict[str, float]) -> None:
@@ -298,6 +301,9 @@ class PPOCore:
             self.rollout.sync_weights(self.version)
         self.updates_since_sync = 0
         metrics["param_version"] = float(self.version)
+        stats = self.rollout.sync_stats()
+        if stats is not None:
+            metrics.update(stats.metrics())
         metrics.update(self.rollout.health().metrics())
 
     def validate(self, dataset: PromptDataset, metrics: dict[str, float]) -> list[Sample]:

@@ -19,7 +19,8 @@ import torch
 from asyncrl.config import AsyncRLConfig
 from asyncrl.engine import GenerationRequest, GenerationResult
 from asyncrl.rollout.colocated import ColocatedEngine
-from asyncrl.rollout.weight_transport import TransferPlan, WeightSender, create_group
+from asyncrl.rollout.delta_transport import DeltaSender, plan_sender
+from asyncrl.rollout.weight_transport import SyncStats, TransferPlan, WeightSender, create_group
 from asyncrl.train import CriticUpdateSpec, PolicyUpdateSpec, TrainBatch, TrainerWorker
 
 
@@ -29,7 +30,7 @@ class TrainerRank:
         torch.set_num_threads(num_threads)
         self.worker = TrainerWorker(config, rank, world_size, master_addr, master_port, total_training_steps)
         self.engine = ColocatedEngine(config, str(self.worker.device)) if host_engine else None
-        self.sender: Optional[WeightSender] = None
+        self.sender: Optional[WeightSender | DeltaSender] = None
 
     def ping(self) -> int:
         return 0
@@ -91,16 +92,18 @@ class TrainerRank:
             raise RuntimeError(f"weight sync plan does not match the trainer's parameters ({len(plan.names)} vs "
                                f"{len(names)} tensors)")
         group = create_group(host, port, 0, world_size, self.worker.device, timeout_s)
-        self.sender = WeightSender(group, plan, self.worker.device)
+        # A new sender: a sparse one starts knowing nothing of what the (new) group holds, so it sends dense.
+        self.sender = plan_sender(group, plan, self.worker.device)
 
-    def send_weights(self) -> int:
-        """Every rank gathers full tensors one by one (a collective); rank 0 broadcasts them in buckets."""
+    def send_weights(self) -> Optional[SyncStats]:
+        """Every rank gathers full tensors one by one (a collective); rank 0 broadcasts them in buckets (or
+        their deltas) and says what it sent; the other ranks answer None."""
         tensors = self.worker.iter_sync_tensors()
         if self.sender is None:
             for _ in tensors:
                 pass
-            return 0
-        return self.sender.send(tensors, persistent=self.worker.sync_tensors_persist)
+            return None
+        return self.sender.sync(tensors, persistent=self.worker.sync_tensors_persist)
 
     # ---- the colocated engine ---------------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest]) -> tuple[list[GenerationResult], float]:

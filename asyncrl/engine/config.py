@@ -113,6 +113,13 @@ class EngineConfig:
         return self.is_cuda and self.compile and not self.enforce_eager
 
     @classmethod
+    def weights_dtype(cls, setting: str, is_cuda: bool) -> torch.dtype:
+        """The engine's weights for a run's `model.dtype` (auto = bfloat16 on GPU, float32 on CPU)."""
+        if setting == "auto":
+            return torch.bfloat16 if is_cuda else torch.float32
+        return getattr(torch, setting)
+
+    @classmethod
     def from_rollout(cls, rollout: RolloutConfig, device: str = "cpu", dtype: torch.dtype | None = None,
                      **overrides) -> EngineConfig:
         """The engine knobs of a run's `rollout` section; `overrides` set the remaining fields."""

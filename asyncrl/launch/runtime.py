@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import ray
-import torch
 
 from asyncrl.config import AsyncRLConfig, ConfigError, check_environment, check_named_choices, dump_config
 from asyncrl.core import PPOCore, Runtime, TrainerGroup
 from asyncrl.core.evaluation import EvaluationStage
 from asyncrl.core.trainer_rank import TrainerActor
 from asyncrl.data.dataset import PromptDataset
+from asyncrl.engine import EngineConfig
 from asyncrl.launch.cpu_threads import threads_per_worker
 from asyncrl.launch.input_checks import check_datasets, check_run_folders, warn_about_sampling
 from asyncrl.launch.preflight import check_external_servers, check_model_inputs, check_tools
@@ -41,6 +41,7 @@ from asyncrl.recipes.training_loop import total_training_steps
 from asyncrl.remote import RemoteCallError, wait_for, wait_for_all, worker_name
 from asyncrl.rewards import RewardExecutor, RewardModelPool, Scorer, check_reward_model
 from asyncrl.rollout import RolloutBackend, RolloutBackendSpec, RolloutContext, resolve_backend
+from asyncrl.rollout.elastic import ReplicaLauncher
 from asyncrl.teacher import TeacherPool, check_teacher
 from asyncrl.telemetry import Timeline, Tracker
 
@@ -175,10 +176,17 @@ def actor_pids(config: AsyncRLConfig, trainers: TrainerGroup, replicas: list[Any
     return dict(zip(names, pids))
 
 
-def rollout_context(config: AsyncRLConfig, pools: Pools, replicas: list[Any], trainers: TrainerGroup) -> RolloutContext:
-    """What every rollout backend is built from."""
-    engine_dtype = torch.bfloat16 if pools.spec("trainer").num_gpus_per_worker else torch.float32
-    return RolloutContext(config, trainers, replicas, engine_dtype, lambda: trainer_node_address(config, pools))
+def rollout_context(config: AsyncRLConfig, pools: Pools, replicas: list[Any], trainers: TrainerGroup,
+                    replica_actor: Any = None) -> RolloutContext:
+    """What every rollout backend is built from; with the backend's `replica_actor`, its replicas can grow."""
+    engine_dtype = EngineConfig.weights_dtype(config.model.dtype, pools.spec("trainer").num_gpus_per_worker > 0)
+    launch = None
+    if replica_actor is not None and replicas:
+        spec = pools.spec("rollout")
+        launch = ReplicaLauncher(replica_actor, config, spec.num_gpus_per_worker, spec.num_cpus_per_worker,
+                                 spec.node_resource).launch
+    return RolloutContext(config, trainers, replicas, engine_dtype, lambda: trainer_node_address(config, pools),
+                          launch)
 
 
 @dataclass(frozen=True)
@@ -224,7 +232,7 @@ def build_runtime(config: AsyncRLConfig, mode_actors: Optional[ModeActors] = Non
             if mode_actors is not None else {}
         trainers = start_trainers(config, pools, total_training_steps(config, len(train_data)),
                                   host_engine=backend.placement == "colocated")
-        context = rollout_context(config, pools, replicas, trainers)
+        context = rollout_context(config, pools, replicas, trainers, backend.replica)
         rollout = mode_actors.host_rollout(actors, backend, context) if mode_actors is not None else \
             backend.fn(context)
         pids = {**actor_pids(config, trainers, replicas),

@@ -22,7 +22,7 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 from asyncrl.engine import GenerationRequest, GenerationResult
 from asyncrl.rollout.gate import BusyClock
@@ -74,6 +74,8 @@ class RolloutHealth:
     num_restarts: int = 0               # workers Ray restarted that re-joined the weight group
     num_failures: int = 0               # workers taken out of rotation after dying mid-request
     num_requeued_requests: int = 0      # requests started again on another worker after theirs died
+    num_retired: int = 0                # workers stopped for good after failing too often in a row
+    num_resizes: int = 0                # times the set of workers grew or shrank on request (asyncrl scale)
 
     @property
     def needs_repair(self) -> bool:
@@ -83,7 +85,24 @@ class RolloutHealth:
     def metrics(self) -> dict[str, float]:
         return {"faults/replica_restarts": float(self.num_restarts),
                 "faults/replica_failures": float(self.num_failures),
-                "faults/requeued_requests": float(self.num_requeued_requests)}
+                "faults/requeued_requests": float(self.num_requeued_requests),
+                "faults/replicas_retired": float(self.num_retired),
+                "rollout/num_replicas": float(self.num_workers), "rollout/num_resizes": float(self.num_resizes)}
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """What one sync moved: `bytes` on the wire (headers included), `dense_bytes` what a dense sync moves, and
+    the fraction of elements sent as changed (None when a dense sync did not compare)."""
+    bytes: int
+    dense_bytes: int
+    changed_fraction: Optional[float] = None
+
+    def metrics(self) -> dict[str, float]:
+        metrics = {"weight_sync/bytes": float(self.bytes), "weight_sync/dense_bytes": float(self.dense_bytes)}
+        if self.changed_fraction is not None:
+            metrics["weight_sync/changed_fraction"] = self.changed_fraction
+        return metrics
 
 
 class RolloutBackend(ABC):
@@ -139,6 +158,11 @@ class RolloutBackend(ABC):
     @abstractmethod
     async def wake(self) -> None:
         ...
+
+    def sync_stats(self) -> Optional[SyncStats]:
+        """What the last `sync_weights` moved, for a backend that sends weights over a weight group (None for
+        one that copies them in process or has servers reload a folder)."""
+        return None
 
     # ---- health -----------------------------------------------------------------------------------------
     @abstractmethod

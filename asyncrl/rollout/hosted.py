@@ -15,12 +15,12 @@ host, so its event loop keeps streaming.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from asyncrl.config import AsyncRLConfig
 from asyncrl.engine import GenerationRequest, GenerationResult
 from asyncrl.remote import wait_for
-from asyncrl.rollout.backend import PendingGeneration, RolloutBackend, RolloutHealth, WorkerOutput
+from asyncrl.rollout.backend import PendingGeneration, RolloutBackend, RolloutHealth, SyncStats, WorkerOutput
 from asyncrl.rollout.gate import BusyClock
 from asyncrl.rollout.registry import RolloutContext
 from asyncrl.rollout.weight_group import sync_deadline_s
@@ -60,6 +60,9 @@ class RolloutHost:
 
     async def rollout_sync_weights(self, version: int) -> None:
         await asyncio.to_thread(self.rollout.sync_weights, version)
+
+    async def rollout_sync_stats(self) -> Optional[SyncStats]:
+        return self.rollout.sync_stats()
 
     async def rollout_sleep(self) -> None:
         await self.rollout.sleep()
@@ -112,6 +115,9 @@ class HostedRollout(RolloutBackend):
     def sync_weights(self, version: int) -> None:
         self.wait(self.host.rollout_sync_weights.remote(version), "sync_weights", self.sync_timeout_s)
         self.version = version
+
+    def sync_stats(self) -> Optional[SyncStats]:
+        return self.wait(self.host.rollout_sync_stats.remote(), "sync_stats")
 
     async def sleep(self) -> None:
         await self.wait_async(self.host.rollout_sleep.remote(), "sleep")

@@ -35,6 +35,9 @@ MODE_PLACEMENTS: dict[str, tuple[Placement, ...]] = {
     "one_step_off": ("separate", "external"),
     "fully_async": ("separate", "external"),
 }
+# How weights reach a backend's engines where no weight group carries them (weight_sync.encoding's errors).
+PLACEMENT_SYNC = {"colocated": "copies the weights into its engines in process",
+                  "external": "has its servers reload the weights from a folder"}
 DEFAULT_BACKENDS = {"sync": "colocated", "one_step_off": "ray_replicas", "fully_async": "ray_replicas"}
 
 
@@ -75,6 +78,9 @@ class RolloutContext:
     replicas: list[Any]                              # Ray replica actors of a `separate` backend, else []
     engine_dtype: torch.dtype                        # the dtype replicas' engines hold weights in
     weight_address: Callable[[], tuple[str, int]]    # a fresh (host, port) on trainer rank 0's node
+    # Starts one more replica actor by index, on any node with a free device (growing a `separate` backend while
+    # it runs: `elastic.py`); None where the replicas cannot grow.
+    launch_replica: Optional[Callable[[int], Any]] = None
 
 
 def resolve_backend(config: AsyncRLConfig) -> RolloutBackendSpec:
@@ -92,6 +98,9 @@ def resolve_backend(config: AsyncRLConfig) -> RolloutBackendSpec:
         raise ConfigError(f"rollout.backend={name} runs its engines {spec.placement} (in the trainer ranks), which "
                           f"trainer.mode={mode} cannot overlap with training; use a backend on its own devices "
                           f"({', '.join(s.name for s in ROLLOUT_BACKENDS.specs() if s.placement != 'colocated')})")
+    if config.weight_sync.encoding == "sparse" and spec.placement != "separate":
+        raise ConfigError(f"weight_sync.encoding=sparse sends deltas to Ray replicas over their weight group; "
+                          f"rollout.backend={name} {PLACEMENT_SYNC[spec.placement]}: use weight_sync.encoding=auto")
     if spec.check is not None:
         spec.check(config)
     return spec

@@ -26,6 +26,7 @@ from asyncrl.engine import AsyncEngine, EngineConfig, GenerationRequest, Generat
 from asyncrl.models.adapted import load_policy
 from asyncrl.models.lora import lora_spec
 from asyncrl.rollout.kv_budget import log_kv_budget
+from asyncrl.rollout.delta_transport import DeltaReceiver, plan_receiver
 from asyncrl.rollout.weight_transport import TransferPlan, WeightReceiver, create_group
 
 
@@ -34,12 +35,13 @@ class RolloutReplica:
         torch.set_num_threads(num_threads)
         self.index = index
         device = "cuda" if torch.cuda.is_available() and config.trainer.device != "cpu" else "cpu"
-        engine_config = EngineConfig.from_rollout(config.rollout, device, compile=config.model.compile)
+        engine_config = EngineConfig.from_rollout(config.rollout, device, compile=config.model.compile,
+                                                  dtype=EngineConfig.weights_dtype(config.model.dtype, device == "cuda"))
         model = load_policy(config.model.path, lora_spec(config), engine_config.model_dtype, engine_config.torch_device)
         engine = LLMEngine(model, engine_config)
         log_kv_budget(engine, config, config.rollout.n_gpus_per_node * config.rollout.nnodes, f"rollout/replica{index}")
         self.engine = AsyncEngine(engine)
-        self.receiver: Optional[WeightReceiver] = None
+        self.receiver: Optional[WeightReceiver | DeltaReceiver] = None
         self.incarnation = uuid.uuid4().hex  # changes when Ray restarts this replica after a death
 
     async def ping(self) -> tuple[int, str]:
@@ -81,7 +83,7 @@ class RolloutReplica:
                                 timeout_s: float) -> None:
         device = self.engine.engine.runner.device
         group = await asyncio.to_thread(create_group, host, port, rank, world_size, device, timeout_s)
-        self.receiver = WeightReceiver(group, plan, device)
+        self.receiver = plan_receiver(group, plan, device)
 
     async def receive_weights(self, version: int) -> int:
         """Pause stepping, receive the trainer's weights into the engine in place, stamp new tokens with

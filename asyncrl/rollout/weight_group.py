@@ -2,8 +2,8 @@
 joined once and re-formed after a replica restarts; one transfer per sync (`weight_transport.py` moves the
 bytes).
 
-    group = WeightGroup(trainers, replicas, names, plan, new_address)
-    group.connect(timeout_s)             # every member joins a new process group
+    group = WeightGroup(trainers, plan, new_address)
+    group.connect(replicas, names, timeout_s)   # every member joins a new process group
     group.transfer(version, timeout_s)   # every trainer rank gathers, rank 0 broadcasts, each replica loads
 """
 
@@ -19,6 +19,7 @@ from asyncrl.config import AsyncRLConfig
 from asyncrl.models import CausalLM, read_config
 from asyncrl.models.lora import add_adapters, is_adapter_name, lora_spec
 from asyncrl.remote import STILL_RUNNING, RemoteCallError, RemoteTimeoutError, settle, wait_for_all
+from asyncrl.rollout.backend import SyncStats
 from asyncrl.rollout.registry import TrainerRanks
 from asyncrl.rollout.weight_transport import TransferPlan
 
@@ -29,9 +30,11 @@ logger = logging.getLogger(__name__)
 SETTLE_GRACE_S = 5.0
 
 
-def transfer_plan(config: AsyncRLConfig, engine_dtype: torch.dtype) -> TransferPlan:
+def transfer_plan(config: AsyncRLConfig, engine_dtype: torch.dtype, can_apply_deltas: bool = False) -> TransferPlan:
     """The parameter list of the policy, from its config alone (a meta-device model: no weights); with LoRA
-    only the adapters, which are all a sync moves."""
+    only the adapters, which are all a sync moves. Sparse deltas where the receivers write into their
+    parameters in place (`can_apply_deltas`) and `weight_sync.encoding` asks (auto: for 16-bit weights,
+    whose small updates mostly round away)."""
     model_config, _ = read_config(config.model.path)
     spec = lora_spec(config)
     with torch.device("meta"):
@@ -40,7 +43,9 @@ def transfer_plan(config: AsyncRLConfig, engine_dtype: torch.dtype) -> TransferP
             add_adapters(model, spec)
     named_shapes = [(name, tuple(parameter.shape)) for name, parameter in model.named_parameters()
                     if spec is None or is_adapter_name(name)]
-    return TransferPlan.build(named_shapes, engine_dtype, config.weight_sync.bucket_mb << 20)
+    encoding = config.weight_sync.encoding
+    sparse = can_apply_deltas and (encoding == "sparse" or (encoding == "auto" and engine_dtype.itemsize == 2))
+    return TransferPlan.build(named_shapes, engine_dtype, config.weight_sync.bucket_mb << 20, sparse)
 
 
 def sync_deadline_s(config: AsyncRLConfig) -> float:
@@ -51,32 +56,40 @@ def sync_deadline_s(config: AsyncRLConfig) -> float:
 
 
 class WeightGroup:
-    def __init__(self, trainers: TrainerRanks, replicas: list[Any], names: list[str], plan: TransferPlan,
-                 new_address: Callable[[], tuple[str, int]]):
+    def __init__(self, trainers: TrainerRanks, plan: TransferPlan, new_address: Callable[[], tuple[str, int]]):
         self.trainers = trainers
-        self.replicas = replicas
-        self.names = names
         self.plan = plan
         self.new_address = new_address          # a fresh (host, port) on trainer rank 0's node
+        self.replicas: list[Any] = []
+        self.names: list[str] = []
 
-    def connect(self, timeout_s: float) -> None:
-        """Form the group: trainer rank 0 is rank 0, replica i is rank i + 1 (again after a replica restarted:
-        a new process must join a new group)."""
+    def connect(self, replicas: list[Any], names: list[str], timeout_s: float) -> None:
+        """Form the group: trainer rank 0 is rank 0, replica i is rank i + 1 (again after a replica restarted, or
+        joined, or left: the members of a process group are fixed when it forms)."""
+        self.replicas, self.names = list(replicas), list(names)
         host, port = self.new_address()
         world_size = len(self.replicas) + 1
         refs = [self.trainers.actors[0].join_weight_group.remote(host, port, world_size, self.plan, timeout_s)]
         refs += [replica.join_weight_group.remote(host, port, index + 1, world_size, self.plan, timeout_s)
                  for index, replica in enumerate(self.replicas)]
-        wait_for_all(refs, [self.trainers.names[0]] + self.names, "join_weight_group", timeout_s)
+        names = [self.trainers.names[0]] + self.names
+        try:
+            wait_for_all(refs, names, "join_weight_group", timeout_s)
+        except (RemoteCallError, RemoteTimeoutError):
+            # The others wait for the missing member until their store times out; a new group must not queue
+            # behind them (the trainer rank runs one call at a time).
+            settle(refs, names, timeout_s + SETTLE_GRACE_S)
+            raise
 
-    def transfer(self, version: int, timeout_s: float) -> None:
-        """Each replica pauses its stepping, receives and loads, stamps `version` and resumes, in one call."""
+    def transfer(self, version: int, timeout_s: float) -> SyncStats:
+        """Each replica pauses its stepping, receives and loads, stamps `version` and resumes, in one call;
+        returns what trainer rank 0 sent."""
         refs = [actor.send_weights.remote() for actor in self.trainers.actors]
         refs += [replica.receive_weights.remote(version) for replica in self.replicas]
         names = self.trainers.names + self.names
         started = time.monotonic()
         try:
-            wait_for_all(refs, names, "sync_weights", timeout_s)
+            answers = wait_for_all(refs, names, "sync_weights", timeout_s)
         except RemoteCallError as error:
             # The surviving members see the broken group only when their transport times out (gloo waits
             # for a dead receiver's ready signal until `weight_sync.timeout_s`, counted from the transfer's
@@ -93,3 +106,4 @@ class WeightGroup:
                                          f"{timeout_s:.0f}s (the other members' transports gave up "
                                          f"waiting for it: {error})") from error
             raise
+        return answers[0]

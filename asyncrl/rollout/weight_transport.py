@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from asyncrl.rollout.backend import SyncStats
 from asyncrl.train.parallel import tcp_store
 
 ALIGNMENT = 256  # bytes: every tensor starts aligned, as fast copies like
@@ -53,10 +54,11 @@ class TransferPlan:
     bucket_bytes: int
     pieces: tuple[Piece, ...]
     num_buckets: int
+    sparse: bool = False   # send per-tensor deltas (`delta_transport.py`) instead of every byte
 
     @classmethod
     def build(cls, named_shapes: Iterable[tuple[str, tuple[int, ...]]], dtype: torch.dtype,
-              bucket_bytes: int) -> "TransferPlan":
+              bucket_bytes: int, sparse: bool = False) -> "TransferPlan":
         named_shapes = list(named_shapes)
         itemsize = torch.empty((), dtype=dtype).element_size()
         pieces, bucket, offset = [], 0, 0
@@ -71,7 +73,7 @@ class TransferPlan:
                 offset = -(-(offset + stop - start) // ALIGNMENT) * ALIGNMENT
                 start = stop
         return cls(tuple(name for name, _ in named_shapes), tuple(tuple(shape) for _, shape in named_shapes),
-                   dtype, bucket_bytes, tuple(pieces), bucket + 1 if pieces else 0)
+                   dtype, bucket_bytes, tuple(pieces), bucket + 1 if pieces else 0, sparse)
 
     @property
     def total_bytes(self) -> int:
@@ -149,6 +151,10 @@ class WeightSender:
         self.itemsize = torch.empty((), dtype=plan.dtype).element_size()
         self.copies = CopyLists()
 
+    def sync(self, named_tensors: Iterable[tuple[str, Tensor]], persistent: bool) -> SyncStats:
+        sent = self.send(named_tensors, persistent)
+        return SyncStats(sent, sent)
+
     def send(self, named_tensors: Iterable[tuple[str, Tensor]], persistent: bool) -> int:
         """Broadcast tensors given in plan order; returns the bytes sent. `persistent`: the tensors outlive
         the call and are updated in place between syncs (then each bucket is packed by one foreach copy
@@ -212,6 +218,22 @@ class WeightSender:
         return tensor.detach().reshape(-1)
 
 
+def check_names(plan: TransferPlan, targets: dict[str, Tensor]) -> None:
+    missing = [name for name in plan.names if name not in targets]
+    if missing:
+        raise ValueError(f"weight sync: the engine has no tensor {missing[0]} (and {len(missing) - 1} more)")
+
+
+def check_targets(plan: TransferPlan, targets: dict[str, Tensor]) -> None:
+    """Every tensor of the plan is in `targets` with its shape and dtype, contiguous (written in place)."""
+    check_names(plan, targets)
+    for name, shape in zip(plan.names, plan.shapes):
+        target = targets[name]
+        if tuple(target.shape) != shape or target.dtype != plan.dtype or not target.is_contiguous():
+            raise ValueError(f"weight sync: engine tensor {name} is {list(target.shape)} {target.dtype}, "
+                             f"the trainer sends {list(shape)} {plan.dtype}")
+
+
 class WeightReceiver:
     def __init__(self, group: dist.ProcessGroup, plan: TransferPlan, device: torch.device):
         self.group = group
@@ -222,16 +244,10 @@ class WeightReceiver:
     def receive_into(self, targets: dict[str, Tensor]) -> int:
         """Receive every tensor straight into `targets` (the engine's parameters, by name: contiguous, in the
         plan's dtype, updated only here), one foreach byte copy per bucket; returns how many tensors."""
-        missing = [name for name in self.plan.names if name not in targets]
-        if missing:
-            raise ValueError(f"weight sync: the engine has no tensor {missing[0]} (and {len(missing) - 1} more)")
+        check_names(self.plan, targets)
 
         def build() -> tuple[list[list[Tensor]], list[list[Tensor]]]:
-            for name, shape in zip(self.plan.names, self.plan.shapes):
-                target = targets[name]
-                if tuple(target.shape) != shape or target.dtype != self.plan.dtype or not target.is_contiguous():
-                    raise ValueError(f"weight sync: engine tensor {name} is {list(target.shape)} {target.dtype}, "
-                                     f"the trainer sends {list(shape)} {self.plan.dtype}")
+            check_targets(self.plan, targets)
             flat = {name: targets[name].view(-1).view(torch.uint8) for name in self.plan.names}
             buckets = self.plan.pieces_by_bucket()
             return ([[flat[piece.name][piece.start:piece.stop] for piece in pieces] for pieces in buckets],

@@ -35,3 +35,19 @@ def test_the_separated_modes_refuse_engines_inside_the_trainer_ranks(mode):
     with pytest.raises(ConfigError, match=rf"rollout\.backend=colocated .* trainer\.mode={mode} cannot overlap with "
                                           r"training; use a backend on its own devices \(ray_replicas"):
         resolve_backend(config)
+
+
+@pytest.mark.parametrize("mode, backend, says", [
+    ("sync", "colocated", "copies the weights into its engines in process"),
+    ("one_step_off", "external", "has its servers reload the weights from a folder"),
+    ("one_step_off", "vllm", "vLLM loads whole tensors through its own loader")])
+def test_sparse_weight_sync_is_refused_where_no_replica_applies_deltas(mode, backend, says):
+    config = load_config(None, [f"trainer.mode={mode}", f"rollout.backend={backend}", "weight_sync.encoding=sparse",
+                                "rollout.external.urls=[http://127.0.0.1:1]"])
+    with pytest.raises(ConfigError, match=rf"{says}.*use weight_sync\.encoding=auto"):
+        resolve_backend(config)
+
+
+def test_sparse_weight_sync_is_taken_by_the_ray_replicas():
+    config = load_config(None, ["trainer.mode=one_step_off", "weight_sync.encoding=sparse"])
+    assert resolve_backend(config).name == "ray_replicas"

@@ -41,12 +41,17 @@ def start_setup(tmp_path_factory, trainer_ranks: int, tie_word_embeddings: bool 
         "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "actor.optim.lr=1e-2",
         "data.max_response_length=6", "rollout.cpu_kv_cache_mb=8", "weight_sync.bucket_mb=1",
         "weight_sync.timeout_s=20", "ray.rpc_timeout_s=120"])
+    trainers, rollout, pools = start_replica_set(config)
+    prompts = PromptDataset.from_files(config.data.train_files, load_tokenizer(model), config.data).prompts[:4]
+    return config, trainers, rollout, prompts, pools
+
+
+def start_replica_set(config):
+    """The config's trainer ranks and a `ReplicaSet` over its rollout replicas, joined in their weight group."""
     pools = allocate_pools(pool_specs(config, resolve_backend(config)))
     trainers = start_trainers(config, pools, total_steps=10, host_engine=False)
     rollout = ReplicaSet(rollout_context(config, pools, launch_replicas(config, pools, RolloutReplicaActor), trainers))
-    tokenizer = load_tokenizer(model)
-    prompts = PromptDataset.from_files(config.data.train_files, tokenizer, config.data).prompts[:4]
-    return config, trainers, rollout, prompts, pools
+    return trainers, rollout, pools
 
 
 def stop_setup(trainers, rollout, pools) -> None:

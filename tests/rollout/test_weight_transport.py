@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -39,8 +39,9 @@ def test_a_small_model_sends_only_its_bytes_not_whole_buckets():
     assert plan.bucket_sizes[0] < 4096
 
 
-def two_rank_syncs(plan: TransferPlan, num_syncs: int, send: Callable[[WeightSender, int], None],
-                   receive: Callable[[WeightReceiver, int], None]) -> None:
+def two_rank_syncs(plan: TransferPlan, num_syncs: int, send: Callable[[Any, int], None],
+                   receive: Callable[[Any, int], None], sender_type: type = WeightSender,
+                   receiver_type: type = WeightReceiver) -> None:
     """`num_syncs` transfers over one gloo group: `send(sender, sync)` on this thread (group rank 0),
     `receive(receiver, sync)` on a second one (rank 1); an error on either side fails the caller."""
     port = free_port()
@@ -49,7 +50,7 @@ def two_rank_syncs(plan: TransferPlan, num_syncs: int, send: Callable[[WeightSen
     def run_receiver() -> None:
         try:
             group = create_group("127.0.0.1", port, 1, 2, torch.device("cpu"), 30)
-            receiver = WeightReceiver(group, plan, torch.device("cpu"))
+            receiver = receiver_type(group, plan, torch.device("cpu"))
             for sync in range(num_syncs):
                 receive(receiver, sync)
         except BaseException as error:  # noqa: BLE001 - reported by the main thread
@@ -58,7 +59,7 @@ def two_rank_syncs(plan: TransferPlan, num_syncs: int, send: Callable[[WeightSen
     thread = threading.Thread(target=run_receiver)
     thread.start()
     group = create_group("127.0.0.1", port, 0, 2, torch.device("cpu"), 30)
-    sender = WeightSender(group, plan, torch.device("cpu"))
+    sender = sender_type(group, plan, torch.device("cpu"))
     for sync in range(num_syncs):
         send(sender, sync)
     thread.join(60)

@@ -93,6 +93,8 @@ class Rollouter(RolloutHost):
         self.filter_counts_at_sync = (0, 0)           # queued and filtered groups at the last sync
         self.admitted_in_version = 0                # prompts admitted under this version's budget since its sync
         self.max_in_flight = 0                      # groups generating at once, set when the rollout is known
+        self.num_replicas = 0                       # rollout workers during the current version
+        self.groups_at_sync = 0                     # generated groups counted at the last sync
 
     # ---- the feed -----------------------------------------------------------------------------------
     async def run(self, version: int, state: dict[str, Any], queued: list[list[Sample]]) -> dict[str, float]:
@@ -100,8 +102,7 @@ class Rollouter(RolloutHost):
         run) and the groups that were queued: admit prompts until the data is used up, let every group
         finish, then end the stream."""
         self.version = version
-        self.max_in_flight = self.config.async_training.max_concurrent_samples or \
-            min(16 * self.rollout.health().num_workers, self.budget.max_per_version)
+        self.size_to_workers()
         self.sampler.load_state_dict(state["sampler"])
         parked = list(state["parked"])
         self.next_serial = state["next_serial"]
@@ -126,6 +127,22 @@ class Rollouter(RolloutHost):
             await self.agent_runs.stop()
         await self.queue.close()
         return {**self.counters, **self.rollout.health().metrics()}
+
+    def size_to_workers(self) -> None:
+        """The concurrency cap follows the number of rollout workers, which a sync may change (asyncrl scale, a
+        retired replica)."""
+        self.num_replicas = self.rollout.health().num_workers
+        self.max_in_flight = self.config.async_training.max_concurrent_samples or \
+            min(16 * self.num_replicas, self.budget.max_per_version)
+
+    def throughput_metrics(self, version_s: float) -> dict[str, float]:
+        """Samples generated in the version that ends now per second of each replica it had: comparable across
+        versions run with different numbers of replicas."""
+        groups = self.counters["generated_groups"] - self.groups_at_sync
+        self.groups_at_sync = self.counters["generated_groups"]
+        samples = groups * self.config.rollout.n
+        return {"rollout/num_replicas_in_version": float(self.num_replicas),
+                "rollout/samples_per_replica_s": samples / max(version_s * self.num_replicas, 1e-9)}
 
     def new_group(self, index: int) -> Group:
         """An admitted prompt's group: rollout.n slots, and one more for the greedy baseline when needed."""
@@ -278,8 +295,10 @@ class Rollouter(RolloutHost):
         activity = self.rollout.activity()
         idle_s, version_s = activity.lap()
         metrics = {"rollouter/idle_ratio": min(1.0, idle_s / version_s), "rollouter/version_time": version_s,
-                   "fully_async/rollouter/admitted_in_version": float(self.admitted_in_version)}
+                   "fully_async/rollouter/admitted_in_version": float(self.admitted_in_version),
+                   **self.throughput_metrics(version_s)}
         self.version = version
+        self.size_to_workers()
         outstanding = len(self.in_flight) + len(self.unqueued) + queue_size + held
         self.budget.on_sync(outstanding)
         self.admitted_in_version = 0

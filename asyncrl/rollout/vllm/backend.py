@@ -22,6 +22,7 @@ from asyncrl.rollout.vllm.replica import VllmReplicaActor
                                    "broadcast from trainer rank 0 and loaded in place by vLLM's own loader; "
                                    "restarts and re-queueing as ray_replicas")
 class VllmReplicaSet(ReplicaSet):
+    applies_deltas = False   # vLLM loads whole tensors through its own loader
     def __init__(self, context: RolloutContext):
         super().__init__(context)
         self.verify = context.config.rollout.vllm.verify_weights

@@ -69,6 +69,9 @@ def check_vllm(config: AsyncRLConfig) -> None:
         raise ConfigError("rollout.backend=vllm with algorithm.routing_replay=true: the vLLM backend does not return "
                           "the experts it routed each token to yet; use rollout.backend=ray_replicas (asyncrl's "
                           "engine records them) or algorithm.routing_replay=false (docs/moe.md)")
+    if config.weight_sync.encoding == "sparse":
+        raise ConfigError("rollout.backend=vllm with weight_sync.encoding=sparse: vLLM loads whole tensors through "
+                          "its own loader, so its replicas receive dense weights; use weight_sync.encoding=auto")
     if not vllm_installed():
         raise ConfigError(VLLM_INSTALL)
     rollout = config.rollout
