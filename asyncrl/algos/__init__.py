@@ -21,7 +21,7 @@ from asyncrl.algos.kl import (
 from asyncrl.algos.masked import masked_mean, masked_sum, masked_whiten
 from asyncrl.algos.moe import RoutingStatistics, balance_coefficient, load_balancing_loss, routing_statistics
 from asyncrl.algos.overlong import overlong_penalty
-from asyncrl.algos.policy_losses import POLICY_LOSSES, PolicyLossSpec
+from asyncrl.algos.policy_losses import POLICY_LOSSES, PolicyLossKnobs, PolicyLossSpec
 from asyncrl.algos.rollout_correction import (
     CORRECTION_LEVELS,
     REJECTION_LEVELS,
@@ -40,6 +40,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
+    "PolicyLossKnobs",
     "PolicyLossSpec",
     "REJECTION_LEVELS",
     "ROLLOUT_CORRECTION_PRESETS",

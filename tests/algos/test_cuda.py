@@ -10,6 +10,7 @@ from asyncrl.algos import (
     REJECTION_LEVELS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
+    PolicyLossKnobs,
     apply_kl_penalty,
     compute_rollout_correction,
     entropy_from_logits,
@@ -41,8 +42,8 @@ def test_policy_losses_on_cuda(name):
         log_probs = batch["log_probs"].clone().requires_grad_(True)
         generator = torch.Generator(device=device).manual_seed(3)  # exercises clip_cov on the device
         loss, metrics = POLICY_LOSSES[name](log_probs, batch["old_log_probs"], batch["advantages"], batch["mask"],
-                                            rollout_is_weights=torch.ones_like(log_probs), kl_cov_ratio=0.1,
-                                            generator=generator)
+                                            PolicyLossKnobs(kl_cov_ratio=0.1),
+                                            rollout_is_weights=torch.ones_like(log_probs), generator=generator)
         (gradient,) = torch.autograd.grad(loss, log_probs)
         results.append((loss.cpu(), gradient.cpu(), metrics))
     if name != "clip_cov":  # its random choice differs between CPU and CUDA generators
