@@ -7,7 +7,7 @@ metadata: ADVANTAGE_ESTIMATORS, POLICY_LOSSES, KL_ESTIMATORS, LOSS_AGG_MODES, CO
 REJECTION_LEVELS, and the named settings of the rollout correction, ROLLOUT_CORRECTION_PRESETS.
 """
 
-from asyncrl.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimatorSpec
+from asyncrl.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimatorSpec, AdvantageKnobs
 from asyncrl.algos.aggregation import LOSS_AGG_MODES, aggregate_loss, count_sequences
 from asyncrl.algos.correction_presets import ROLLOUT_CORRECTION_PRESETS, RolloutCorrectionPreset
 from asyncrl.algos.entropy import entropy_from_logits
@@ -35,6 +35,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AdaptiveKLController",
     "AdvantageEstimatorSpec",
+    "AdvantageKnobs",
     "CORRECTION_LEVELS",
     "FixedKLController",
     "KL_ESTIMATORS",

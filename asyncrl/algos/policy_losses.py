@@ -30,13 +30,14 @@ A new loss is a function of this signature plus ``@POLICY_LOSSES.register(name, 
 (``PolicyLossSpec``) is what config validation reads (``actor.cuda_graphs`` takes only capturable losses).
 """
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from asyncrl.algos.aggregation import aggregate_loss
+from asyncrl.algos.knobs import Knobs
 from asyncrl.algos.masked import as_bool_mask, fill_invalid, masked_mean
 from asyncrl.registry import Entry, Registry, column
 
@@ -62,11 +63,12 @@ POLICY_LOSSES: Registry[PolicyLossSpec] = Registry("policy loss", PolicyLossSpec
 
 
 @dataclass(frozen=True)
-class PolicyLossKnobs:
+class PolicyLossKnobs(Knobs):
     """Every policy loss's configuration, one record (each loss reads the knobs it needs): the actor's clip
     ratios and aggregation, and `actor.policy_loss`'s knobs, under their config names. A new knob is a field here
     and a key of that name in the schema (`actor.policy_loss`): `from_sections` carries it from the config to
-    every loss. The defaults are the reference system's (and the schema's: tests/algos checks they agree)."""
+    every loss (`Knobs.from_sections`). The defaults are the reference system's (and the schema's: tests/algos
+    checks they agree)."""
 
     loss_agg_mode: str = "token-mean"
     clip_ratio_low: float = 0.2
@@ -79,21 +81,6 @@ class PolicyLossKnobs:
     ppo_kl_coef: float = 0.1           # kl_cov: coefficient of the |log-ratio| penalty
     tau_pos: float = 1.0               # sapo: the gate's temperatures for A > 0 and A <= 0
     tau_neg: float = 1.05
-
-    @classmethod
-    def from_sections(cls, *sections: object) -> "PolicyLossKnobs":
-        """The knobs read by name from config sections (dataclasses), the first section holding a name winning:
-        `PolicyLossKnobs.from_sections(config.actor.policy_loss, config.actor)`. A knob no section holds is a
-        TypeError naming it."""
-        values: dict[str, object] = {}
-        names = {field.name for field in fields(cls)}
-        for section in reversed(sections):
-            values.update({field.name: getattr(section, field.name) for field in fields(section)
-                           if field.name in names})
-        missing = sorted(names - set(values))
-        if missing:
-            raise TypeError(f"PolicyLossKnobs: no config section holds {', '.join(missing)}")
-        return cls(**values)
 
 
 DEFAULT_KNOBS = PolicyLossKnobs()

@@ -7,6 +7,7 @@ import torch
 
 from asyncrl.algos import (
     ADVANTAGE_ESTIMATORS,
+    AdvantageKnobs,
     REJECTION_LEVELS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
@@ -59,8 +60,8 @@ def test_advantages_on_cuda(name):
         batch = make_batch(device)
         rewards = fill_padding(batch["advantages"], batch["mask"], math.nan)
         outputs.append(ADVANTAGE_ESTIMATORS[name](
-            rewards, batch["mask"], batch["group_ids"], values=batch["old_log_probs"],
-            reward_baselines=torch.zeros(16, device=device), gamma=0.99, lam=0.95,
+            rewards, batch["mask"], batch["group_ids"], AdvantageKnobs(gamma=0.99, lam=0.95),
+            values=batch["old_log_probs"], reward_baselines=torch.zeros(16, device=device),
         ))
     torch.testing.assert_close(outputs[1][0].cpu(), outputs[0][0])
     torch.testing.assert_close(outputs[1][1].cpu(), outputs[0][1])
