@@ -132,7 +132,7 @@ def _discounted_returns(token_level_rewards: Tensor, response_mask: Tensor, gamm
 @ADVANTAGE_ESTIMATORS.register(
     "gae", needs_critic=True,
     summary="generalised advantage estimation from the critic's values (gamma, lam), whitened over the batch")
-def gae(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs = DEFAULT_KNOBS, *,
+def gae(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
         values=None, reward_baselines=None):
     """Generalised advantage estimation (Schulman et al.) from critic ``values`` (B, T).
 
@@ -163,8 +163,8 @@ def gae(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs = D
 @ADVANTAGE_ESTIMATORS.register(
     "grpo", needs_groups=True,
     summary="(r - group mean) / (group std + epsilon); no division with algorithm.norm_adv_by_std_in_grpo=false")
-def grpo(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs = DEFAULT_KNOBS, *,
-        values=None, reward_baselines=None):
+def grpo(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+         values=None, reward_baselines=None):
     """GRPO: A_i = (r_i - mean_g) / (std_g + epsilon) with the unbiased group std, broadcast over tokens.
 
     With ``knobs.norm_adv_by_std_in_grpo`` false it is Dr.GRPO: A_i = r_i - mean_g. A singleton group gets 0.
@@ -182,8 +182,8 @@ def grpo(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs = 
 @ADVANTAGE_ESTIMATORS.register(
     "dr_grpo", needs_groups=True,
     summary="Dr.GRPO: r - group mean, never divided by the std")
-def dr_grpo(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs = DEFAULT_KNOBS, *,
-        values=None, reward_baselines=None):
+def dr_grpo(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+            values=None, reward_baselines=None):
     """Dr.GRPO (Liu et al.): A_i = r_i - mean_g, never divided by the std (``norm_adv_by_std_in_grpo`` is ignored)."""
     return grpo(token_level_rewards, response_mask, group_ids, replace(knobs, norm_adv_by_std_in_grpo=False))
 
@@ -191,8 +191,8 @@ def dr_grpo(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs
 @ADVANTAGE_ESTIMATORS.register(
     "rloo", needs_groups=True,
     summary="REINFORCE leave-one-out: r minus the mean of the prompt's other responses")
-def rloo(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs = DEFAULT_KNOBS, *,
-        values=None, reward_baselines=None):
+def rloo(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+         values=None, reward_baselines=None):
     """REINFORCE leave-one-out: A_i = r_i - mean of the other samples = n/(n-1) (r_i - mean_g).
 
     A singleton group has no other sample: its advantage is 0 (the reference system keeps r_i there).
@@ -208,8 +208,8 @@ def rloo(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs = 
 @ADVANTAGE_ESTIMATORS.register(
     "reinforce_plus_plus",
     summary="REINFORCE++: discounted return-to-go (gamma), whitened over the batch")
-def reinforce_plus_plus(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs = DEFAULT_KNOBS, *,
-        values=None, reward_baselines=None):
+def reinforce_plus_plus(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+                        values=None, reward_baselines=None):
     """REINFORCE++: G = discounted return-to-go with ``gamma``; A = whiten(G) over the batch; returns = G."""
     _check_shapes(token_level_rewards, response_mask, group_ids)
     returns = _discounted_returns(token_level_rewards, response_mask, knobs.gamma)
@@ -219,9 +219,8 @@ def reinforce_plus_plus(token_level_rewards, response_mask, group_ids, knobs: Ad
 @ADVANTAGE_ESTIMATORS.register(
     "reinforce_plus_plus_baseline", needs_groups=True,
     summary="REINFORCE++ with a group baseline: r - group mean, whitened over the batch")
-def reinforce_plus_plus_baseline(token_level_rewards, response_mask, group_ids,
-                                 knobs: AdvantageKnobs = DEFAULT_KNOBS, *,
-        values=None, reward_baselines=None):
+def reinforce_plus_plus_baseline(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+                                 values=None, reward_baselines=None):
     """REINFORCE++ with a group baseline: r_i - mean_g broadcast over tokens, then whitened over the batch."""
     _check_shapes(token_level_rewards, response_mask, group_ids)
     scores = _sequence_scores(token_level_rewards, response_mask)
@@ -233,8 +232,8 @@ def reinforce_plus_plus_baseline(token_level_rewards, response_mask, group_ids,
 @ADVANTAGE_ESTIMATORS.register(
     "remax", needs_greedy_baseline=True,
     summary="ReMax: reward-to-go minus the score of the prompt's greedy response")
-def remax(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs = DEFAULT_KNOBS, *,
-        values=None, reward_baselines=None):
+def remax(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+          values=None, reward_baselines=None):
     """ReMax: A_t = G_t - b_i with G the undiscounted reward-to-go (``gamma`` is ignored, as in the paper)
     and b_i = ``reward_baselines`` (B,), the score of the greedy response of the same prompt; returns = G."""
     _check_shapes(token_level_rewards, response_mask, group_ids)
@@ -249,7 +248,7 @@ def remax(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs =
 
 
 @ADVANTAGE_ESTIMATORS.register("opo", needs_groups=True, summary="OPO: r minus the length-weighted group mean")
-def opo(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs = DEFAULT_KNOBS, *,
+def opo(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
         values=None, reward_baselines=None):
     """OPO: length-weighted group baseline b_g = sum_j l_j r_j / sum_j l_j (l = valid length); A_i = r_i - b_g."""
     _check_shapes(token_level_rewards, response_mask, group_ids)
@@ -266,7 +265,7 @@ def opo(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs = D
 @ADVANTAGE_ESTIMATORS.register(
     "gpg", needs_groups=True,
     summary="GPG: (r - group mean) x B / number of non-zero scores")
-def gpg(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs = DEFAULT_KNOBS, *,
+def gpg(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
         values=None, reward_baselines=None):
     """GPG: A_i = alpha (r_i - mean_g) with alpha = B / max(1, number of non-zero scores); no std division."""
     _check_shapes(token_level_rewards, response_mask, group_ids)
@@ -281,8 +280,8 @@ def gpg(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs = D
     "grpo_passk", needs_groups=True,
     summary="pass@k: the best response of a group gets (best - second best) / (group std + epsilon), the others 0; "
             "no division with algorithm.norm_adv_by_std_in_grpo=false")
-def grpo_passk(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs = DEFAULT_KNOBS, *,
-        values=None, reward_baselines=None):
+def grpo_passk(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+               values=None, reward_baselines=None):
     """Pass@k training (Chen et al., arXiv 2503.19595): only the best response of a group is pushed, by how much
     it beats the second best: A_best = (r_max - r_second) / (std_g + epsilon) with the unbiased group std (no
     division with ``norm_adv_by_std_in_grpo`` false); every other response gets 0. A group's pass@k rises only through

@@ -134,8 +134,8 @@ def _covariance(advantages, log_probs, valid) -> Tensor:
 
 
 @POLICY_LOSSES.register("vanilla", summary="PPO clip with asymmetric bounds and dual clip")
-def vanilla(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLossKnobs = DEFAULT_KNOBS, *,
-        rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
+def vanilla(log_probs, old_log_probs, advantages, response_mask, knobs=DEFAULT_KNOBS, *,
+            rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
     """PPO clip with asymmetric bounds [1 - low, 1 + high] and dual clip (Ye et al.).
 
     L = max(-A rho, -A clip(rho)); for A < 0 the loss is further capped: L = min(L, -A clip_ratio_c).
@@ -154,8 +154,8 @@ def vanilla(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLo
 
 
 @POLICY_LOSSES.register("gspo", summary="GSPO: PPO clip on the sequence ratio exp(mean_t log rho)")
-def gspo(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLossKnobs = DEFAULT_KNOBS, *,
-        rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
+def gspo(log_probs, old_log_probs, advantages, response_mask, knobs=DEFAULT_KNOBS, *,
+         rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
     """GSPO (Zheng et al.): PPO clip (no dual clip) on the sequence ratio s_i = exp(mean_t log rho_it).
 
     Straight-through construction: log s_it = logp_it - sg(logp_it) + sg(mean_t log rho_it), so the forward
@@ -173,8 +173,8 @@ def gspo(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLossK
 
 
 @POLICY_LOSSES.register("cispo", summary="CISPO: -clip(rho) A logp, the clipped ratio as a constant weight")
-def cispo(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLossKnobs = DEFAULT_KNOBS, *,
-        rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
+def cispo(log_probs, old_log_probs, advantages, response_mask, knobs=DEFAULT_KNOBS, *,
+          rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
     """CISPO (MiniMax-M1): L = -sg(clip(rho, 1 - low, 1 + high)) A logp.
 
     The clip bounds the importance weight instead of removing the gradient, so every token keeps a gradient.
@@ -192,8 +192,8 @@ def cispo(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLoss
     "clip_cov", summary="Clip-Cov: PPO clip, minus the loss of a few random high-covariance tokens",
     host_read="how many tokens to pick is a Python int from the valid-token count, and the candidates are the "
               "eligible tokens' indices (a data-dependent shape)")
-def clip_cov(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLossKnobs = DEFAULT_KNOBS, *,
-        rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
+def clip_cov(log_probs, old_log_probs, advantages, response_mask, knobs=DEFAULT_KNOBS, *,
+             rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
     """Clip-Cov (Cui et al.): PPO clip, plus the loss of a few high-covariance tokens is removed.
 
     Among valid tokens not already clipped whose covariance (A - mean A)(logp - mean logp) lies strictly in
@@ -222,8 +222,8 @@ def clip_cov(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyL
 @POLICY_LOSSES.register(
     "kl_cov", summary="KL-Cov: -A rho plus a |log-ratio| penalty on the highest-covariance tokens",
     host_read="how many tokens to pick (topk's k) is a Python int from the valid-token count")
-def kl_cov(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLossKnobs = DEFAULT_KNOBS, *,
-        rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
+def kl_cov(log_probs, old_log_probs, advantages, response_mask, knobs=DEFAULT_KNOBS, *,
+           rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
     """KL-Cov (Cui et al.): L = -A rho (no clip), plus ppo_kl_coef |logp - old_logp| on the tokens with the
     largest covariance (A - mean A)(logp - mean logp): max(1, int(kl_cov_ratio * valid tokens)) of them.
     """
@@ -243,8 +243,8 @@ def kl_cov(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLos
 
 
 @POLICY_LOSSES.register("reinforce", summary="importance-weighted policy gradient without clip, for bypass mode")
-def reinforce(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLossKnobs = DEFAULT_KNOBS, *,
-        rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
+def reinforce(log_probs, old_log_probs, advantages, response_mask, knobs=DEFAULT_KNOBS, *,
+              rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
     """Importance-weighted policy gradient without clip, for bypass mode: L = -w A logp.
 
     w = ``rollout_is_weights`` (detached; 1 when None), typically computed per micro-batch by
@@ -259,7 +259,7 @@ def reinforce(log_probs, old_log_probs, advantages, response_mask, knobs: Policy
 
 
 @POLICY_LOSSES.register("gpg", summary="GPG: -A logp, no ratio and no clip (paired with the gpg estimator)")
-def gpg(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLossKnobs = DEFAULT_KNOBS, *,
+def gpg(log_probs, old_log_probs, advantages, response_mask, knobs=DEFAULT_KNOBS, *,
         rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
     """GPG (Chu et al., arXiv 2504.02546): the plain policy gradient L = -A logp, with neither ratio nor clip.
 
@@ -277,8 +277,8 @@ def gpg(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLossKn
 
 @POLICY_LOSSES.register(
     "sapo", summary="SAPO: -A sigmoid(tau (rho - 1)) 4 / tau, a soft gate in place of the clip (tau_pos, tau_neg)")
-def sapo(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLossKnobs = DEFAULT_KNOBS, *,
-        rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
+def sapo(log_probs, old_log_probs, advantages, response_mask, knobs=DEFAULT_KNOBS, *,
+         rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
     """SAPO (Gao et al., arXiv 2511.20347): L = -A f(rho) with the soft gate f(x) = sigmoid(tau (x - 1)) 4 / tau,
     tau = ``tau_pos`` where A > 0 and ``tau_neg`` where A <= 0.
 
@@ -303,8 +303,8 @@ def sapo(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLossK
 @POLICY_LOSSES.register(
     "geo_mean", summary="GMPO: -A times the sequence's geometric-mean ratio, each token's log-ratio clipped to "
                         "[-clip_ratio_low, clip_ratio_high] on the side its advantage pushes")
-def geo_mean(log_probs, old_log_probs, advantages, response_mask, knobs: PolicyLossKnobs = DEFAULT_KNOBS, *,
-        rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
+def geo_mean(log_probs, old_log_probs, advantages, response_mask, knobs=DEFAULT_KNOBS, *,
+             rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, generator=None):
     """GMPO (Zhao et al., arXiv 2507.20673): the sequence ratio is the geometric mean of its token ratios,
     s_i = exp(mean_t c_it), and the per-token loss is -A_it s_i.
 

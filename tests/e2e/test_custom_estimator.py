@@ -23,7 +23,7 @@ CALLS: list[tuple[torch.Tensor, torch.Tensor]] = []  # (advantages (B, T), respo
 
 
 @ADVANTAGE_ESTIMATORS.register("group_sign", needs_groups=True, summary="sign(r - group mean): +1, 0 or -1")
-def group_sign(token_level_rewards, response_mask, group_ids, knobs: AdvantageKnobs, *, values=None,
+def group_sign(token_level_rewards, response_mask, group_ids, knobs=AdvantageKnobs(), *, values=None,
                reward_baselines=None):
     """A_i = sign(r_i - mean of its group), on every valid token: only whether a response beat its group."""
     valid = response_mask.bool()
