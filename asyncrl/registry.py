@@ -3,7 +3,7 @@ a tool-call format...): each entry is a function or class plus its own metadata,
 definition with one spelling, the decorator.
 
     @ADVANTAGE_ESTIMATORS.register("grpo", needs_groups=True, summary="(r - group mean) / group std")
-    def grpo(token_level_rewards, response_mask, group_ids, *, values=None, ...): ...
+    def grpo(token_level_rewards, response_mask, group_ids, knobs=AdvantageKnobs(), *, values=None, ...): ...
 
     KL_ESTIMATORS.register("kl", summary="another name for k1")(k1)   # an alias, or an entry made in a loop
 

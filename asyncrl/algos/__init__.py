@@ -7,7 +7,7 @@ metadata: ADVANTAGE_ESTIMATORS, POLICY_LOSSES, KL_ESTIMATORS, LOSS_AGG_MODES, CO
 REJECTION_LEVELS, and the named settings of the rollout correction, ROLLOUT_CORRECTION_PRESETS.
 """
 
-from asyncrl.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimatorSpec
+from asyncrl.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimatorSpec, AdvantageKnobs
 from asyncrl.algos.aggregation import LOSS_AGG_MODES, aggregate_loss, count_sequences
 from asyncrl.algos.correction_presets import ROLLOUT_CORRECTION_PRESETS, RolloutCorrectionPreset
 from asyncrl.algos.entropy import entropy_from_logits
@@ -21,7 +21,7 @@ from asyncrl.algos.kl import (
 from asyncrl.algos.masked import masked_mean, masked_sum, masked_whiten
 from asyncrl.algos.moe import RoutingStatistics, balance_coefficient, load_balancing_loss, routing_statistics
 from asyncrl.algos.overlong import overlong_penalty
-from asyncrl.algos.policy_losses import POLICY_LOSSES, PolicyLossSpec
+from asyncrl.algos.policy_losses import POLICY_LOSSES, PolicyLossKnobs, PolicyLossSpec
 from asyncrl.algos.rollout_correction import (
     CORRECTION_LEVELS,
     REJECTION_LEVELS,
@@ -35,11 +35,13 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AdaptiveKLController",
     "AdvantageEstimatorSpec",
+    "AdvantageKnobs",
     "CORRECTION_LEVELS",
     "FixedKLController",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
+    "PolicyLossKnobs",
     "PolicyLossSpec",
     "REJECTION_LEVELS",
     "ROLLOUT_CORRECTION_PRESETS",

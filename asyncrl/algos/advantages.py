@@ -1,15 +1,15 @@
 """Advantage estimators: from per-token rewards to per-token advantages and returns.
 
-Every estimator has the same signature, so the driver calls ``ADVANTAGE_ESTIMATORS[name](...)`` with the
-full keyword set and each entry ignores what it does not need:
+Every estimator has the same signature, so the driver calls ``ADVANTAGE_ESTIMATORS[name](...)`` with one knob
+record and the batch's own tensors, and each entry reads what it needs:
 
     fn(token_level_rewards,      # (B, T) reward per response token; an outcome reward sits on the last valid token
        response_mask,            # (B, T) float or bool, 1 on valid response tokens
        group_ids,                # (B,) integer, equal for the n responses of one prompt
+       knobs=AdvantageKnobs(),   # the configuration: gamma, lam, norm_adv_by_std_in_grpo
        *, values=None,           # (B, T) critic values, needed by gae
        reward_baselines=None,    # (B,) score of the greedy response of the same prompt, needed by remax;
                                  #   row i holds the score of its own prompt's greedy response
-       gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6,
     ) -> (advantages (B, T), returns (B, T))
 
 Both outputs are 0 on padded positions, whatever the inputs hold there. The sequence score r_i is the sum of
@@ -27,11 +27,12 @@ Choices:
 - Outcome-only estimators return ``returns = advantages`` (no critic consumes them).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
+from asyncrl.algos.knobs import Knobs
 from asyncrl.algos.masked import as_bool_mask, count_valid, fill_invalid, masked_sum, masked_whiten
 from asyncrl.registry import Entry, Registry, column
 
@@ -47,6 +48,21 @@ class AdvantageEstimatorSpec(Entry):
 
 
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimatorSpec] = Registry("advantage estimator", AdvantageEstimatorSpec)
+
+
+@dataclass(frozen=True)
+class AdvantageKnobs(Knobs):
+    """Every estimator's configuration, one record under the config's names (`algorithm.*`; each estimator reads
+    what it needs): `AdvantageKnobs.from_sections(config.algorithm)`. A new knob is a field here and a key of that
+    name in the schema."""
+
+    gamma: float = 1.0                      # discount of gae and reinforce_plus_plus
+    lam: float = 1.0                        # gae's lambda
+    norm_adv_by_std_in_grpo: bool = True    # grpo and grpo_passk divide by the group std (false: Dr.GRPO)
+
+
+DEFAULT_KNOBS = AdvantageKnobs()
+GROUP_STD_EPSILON = 1e-6  # added to a group's std before dividing by it
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -116,8 +132,8 @@ def _discounted_returns(token_level_rewards: Tensor, response_mask: Tensor, gamm
 @ADVANTAGE_ESTIMATORS.register(
     "gae", needs_critic=True,
     summary="generalised advantage estimation from the critic's values (gamma, lam), whitened over the batch")
-def gae(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
-        gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+def gae(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+        values=None, reward_baselines=None):
     """Generalised advantage estimation (Schulman et al.) from critic ``values`` (B, T).
 
     Backward over t on valid tokens: delta_t = r_t + gamma V_next - V_t, A_t = delta_t + gamma lam A_next.
@@ -135,8 +151,8 @@ def gae(token_level_rewards, response_mask, group_ids, *, values=None, reward_ba
     next_value = rewards.new_zeros(rewards.shape[0])  # (B,)
     next_advantage = rewards.new_zeros(rewards.shape[0])  # (B,)
     for t in reversed(range(rewards.shape[1])):
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        advantage = delta + gamma * lam * next_advantage
+        delta = rewards[:, t] + knobs.gamma * next_value - values[:, t]
+        advantage = delta + knobs.gamma * knobs.lam * next_advantage
         next_advantage = torch.where(valid[:, t], advantage, next_advantage)
         next_value = torch.where(valid[:, t], values[:, t], next_value)
         advantages[:, t] = next_advantage
@@ -147,18 +163,18 @@ def gae(token_level_rewards, response_mask, group_ids, *, values=None, reward_ba
 @ADVANTAGE_ESTIMATORS.register(
     "grpo", needs_groups=True,
     summary="(r - group mean) / (group std + epsilon); no division with algorithm.norm_adv_by_std_in_grpo=false")
-def grpo(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
-         gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+def grpo(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+         values=None, reward_baselines=None):
     """GRPO: A_i = (r_i - mean_g) / (std_g + epsilon) with the unbiased group std, broadcast over tokens.
 
-    With ``norm_adv_by_std=False`` it is Dr.GRPO: A_i = r_i - mean_g. A singleton group gets 0.
+    With ``knobs.norm_adv_by_std_in_grpo`` false it is Dr.GRPO: A_i = r_i - mean_g. A singleton group gets 0.
     """
     _check_shapes(token_level_rewards, response_mask, group_ids)
     scores = _sequence_scores(token_level_rewards, response_mask)  # (B,)
     means, stds, _ = _group_statistics(scores, group_ids)
     advantages = scores - means  # exactly 0 for a singleton (its mean is its own score)
-    if norm_adv_by_std:
-        advantages = advantages / (stds + epsilon)
+    if knobs.norm_adv_by_std_in_grpo:
+        advantages = advantages / (stds + GROUP_STD_EPSILON)
     advantages = _broadcast(advantages, response_mask)
     return advantages, advantages
 
@@ -166,17 +182,17 @@ def grpo(token_level_rewards, response_mask, group_ids, *, values=None, reward_b
 @ADVANTAGE_ESTIMATORS.register(
     "dr_grpo", needs_groups=True,
     summary="Dr.GRPO: r - group mean, never divided by the std")
-def dr_grpo(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
-            gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
-    """Dr.GRPO (Liu et al.): A_i = r_i - mean_g, never divided by the std (``norm_adv_by_std`` is ignored)."""
-    return grpo(token_level_rewards, response_mask, group_ids, norm_adv_by_std=False, epsilon=epsilon)
+def dr_grpo(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+            values=None, reward_baselines=None):
+    """Dr.GRPO (Liu et al.): A_i = r_i - mean_g, never divided by the std (``norm_adv_by_std_in_grpo`` is ignored)."""
+    return grpo(token_level_rewards, response_mask, group_ids, replace(knobs, norm_adv_by_std_in_grpo=False))
 
 
 @ADVANTAGE_ESTIMATORS.register(
     "rloo", needs_groups=True,
     summary="REINFORCE leave-one-out: r minus the mean of the prompt's other responses")
-def rloo(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
-         gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+def rloo(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+         values=None, reward_baselines=None):
     """REINFORCE leave-one-out: A_i = r_i - mean of the other samples = n/(n-1) (r_i - mean_g).
 
     A singleton group has no other sample: its advantage is 0 (the reference system keeps r_i there).
@@ -192,20 +208,19 @@ def rloo(token_level_rewards, response_mask, group_ids, *, values=None, reward_b
 @ADVANTAGE_ESTIMATORS.register(
     "reinforce_plus_plus",
     summary="REINFORCE++: discounted return-to-go (gamma), whitened over the batch")
-def reinforce_plus_plus(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
-                        gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+def reinforce_plus_plus(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+                        values=None, reward_baselines=None):
     """REINFORCE++: G = discounted return-to-go with ``gamma``; A = whiten(G) over the batch; returns = G."""
     _check_shapes(token_level_rewards, response_mask, group_ids)
-    returns = _discounted_returns(token_level_rewards, response_mask, gamma)
+    returns = _discounted_returns(token_level_rewards, response_mask, knobs.gamma)
     return masked_whiten(returns, response_mask), returns
 
 
 @ADVANTAGE_ESTIMATORS.register(
     "reinforce_plus_plus_baseline", needs_groups=True,
     summary="REINFORCE++ with a group baseline: r - group mean, whitened over the batch")
-def reinforce_plus_plus_baseline(token_level_rewards, response_mask, group_ids, *, values=None,
-                                 reward_baselines=None, gamma=1.0, lam=1.0, norm_adv_by_std=True,
-                                 epsilon=1e-6):
+def reinforce_plus_plus_baseline(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+                                 values=None, reward_baselines=None):
     """REINFORCE++ with a group baseline: r_i - mean_g broadcast over tokens, then whitened over the batch."""
     _check_shapes(token_level_rewards, response_mask, group_ids)
     scores = _sequence_scores(token_level_rewards, response_mask)
@@ -217,8 +232,8 @@ def reinforce_plus_plus_baseline(token_level_rewards, response_mask, group_ids, 
 @ADVANTAGE_ESTIMATORS.register(
     "remax", needs_greedy_baseline=True,
     summary="ReMax: reward-to-go minus the score of the prompt's greedy response")
-def remax(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
-          gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+def remax(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+          values=None, reward_baselines=None):
     """ReMax: A_t = G_t - b_i with G the undiscounted reward-to-go (``gamma`` is ignored, as in the paper)
     and b_i = ``reward_baselines`` (B,), the score of the greedy response of the same prompt; returns = G."""
     _check_shapes(token_level_rewards, response_mask, group_ids)
@@ -233,8 +248,8 @@ def remax(token_level_rewards, response_mask, group_ids, *, values=None, reward_
 
 
 @ADVANTAGE_ESTIMATORS.register("opo", needs_groups=True, summary="OPO: r minus the length-weighted group mean")
-def opo(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
-        gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+def opo(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+        values=None, reward_baselines=None):
     """OPO: length-weighted group baseline b_g = sum_j l_j r_j / sum_j l_j (l = valid length); A_i = r_i - b_g."""
     _check_shapes(token_level_rewards, response_mask, group_ids)
     scores = _sequence_scores(token_level_rewards, response_mask)
@@ -250,8 +265,8 @@ def opo(token_level_rewards, response_mask, group_ids, *, values=None, reward_ba
 @ADVANTAGE_ESTIMATORS.register(
     "gpg", needs_groups=True,
     summary="GPG: (r - group mean) x B / number of non-zero scores")
-def gpg(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
-        gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+def gpg(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+        values=None, reward_baselines=None):
     """GPG: A_i = alpha (r_i - mean_g) with alpha = B / max(1, number of non-zero scores); no std division."""
     _check_shapes(token_level_rewards, response_mask, group_ids)
     scores = _sequence_scores(token_level_rewards, response_mask)
@@ -265,11 +280,11 @@ def gpg(token_level_rewards, response_mask, group_ids, *, values=None, reward_ba
     "grpo_passk", needs_groups=True,
     summary="pass@k: the best response of a group gets (best - second best) / (group std + epsilon), the others 0; "
             "no division with algorithm.norm_adv_by_std_in_grpo=false")
-def grpo_passk(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
-               gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+def grpo_passk(token_level_rewards, response_mask, group_ids, knobs=DEFAULT_KNOBS, *,
+               values=None, reward_baselines=None):
     """Pass@k training (Chen et al., arXiv 2503.19595): only the best response of a group is pushed, by how much
     it beats the second best: A_best = (r_max - r_second) / (std_g + epsilon) with the unbiased group std (no
-    division with ``norm_adv_by_std=False``); every other response gets 0. A group's pass@k rises only through
+    division with ``norm_adv_by_std_in_grpo`` false); every other response gets 0. A group's pass@k rises only through
     its best sample, so the others get no gradient, neither up nor down.
 
     When several responses tie for the best, r_max - r_second = 0, so the choice among them does not matter (the
@@ -289,8 +304,8 @@ def grpo_passk(token_level_rewards, response_mask, group_ids, *, values=None, re
     second = scores.new_full((num_groups,), -torch.inf).scatter_reduce(
         0, inverse, torch.where(is_best, -torch.inf, scores), "amax")  # (G,); -inf for a singleton
     gap = best[inverse] - second[inverse]
-    if norm_adv_by_std:
-        gap = gap / (stds + epsilon)
+    if knobs.norm_adv_by_std_in_grpo:
+        gap = gap / (stds + GROUP_STD_EPSILON)
     advantages = _broadcast(torch.where(is_best & (sizes > 1), gap, 0.0), response_mask)
     return advantages, advantages
 

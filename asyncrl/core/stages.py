@@ -27,7 +27,8 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
-from asyncrl.algos import ADVANTAGE_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_kl_penalty
+from asyncrl.algos import (ADVANTAGE_ESTIMATORS, AdaptiveKLController, AdvantageKnobs, FixedKLController,
+                           apply_kl_penalty)
 from asyncrl.config import AsyncRLConfig, needs_critic, needs_greedy_baseline, needs_reference
 from asyncrl.core.advantage import rollout_correction
 from asyncrl.core.byo_agent import agent_samples, load_agent_runner, score_agent_samples, start_agent_runs
@@ -267,9 +268,8 @@ class PPOCore:
                 self.kl_controller.update(kl_metrics["actor/reward_kl_penalty"], batch.num_rows)
                 metrics.update(kl_metrics)
             advantages, returns = ADVANTAGE_ESTIMATORS[algorithm.adv_estimator](
-                rewards, batch.response_mask, batch.group_ids, values=batch.values,
-                reward_baselines=batch.reward_baselines, gamma=algorithm.gamma,
-                lam=algorithm.lam, norm_adv_by_std=algorithm.norm_adv_by_std_in_grpo)
+                rewards, batch.response_mask, batch.group_ids, AdvantageKnobs.from_sections(algorithm),
+                values=batch.values, reward_baselines=batch.reward_baselines)
             batch = batch.replace(token_level_rewards=rewards, advantages=advantages, returns=returns)
             if algorithm.distillation.enable:
                 batch = distill(batch, algorithm.distillation, metrics)

@@ -83,20 +83,17 @@ def policy_loss_terms(log_probs: Tensor, entropy: Tensor, micro: ResponseFields,
     counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_length=spec.norm_length)
     pg_loss, pg_metrics = POLICY_LOSSES[spec.loss_mode](
         log_probs, micro.need("old_log_probs", "update_actor"), micro.need("advantages", "update_actor"), mask,
-        clip_ratio_low=spec.clip_ratio_low, clip_ratio_high=spec.clip_ratio_high, clip_ratio_c=spec.clip_ratio_c,
-        rollout_is_weights=is_weights, clip_cov_ratio=spec.clip_cov_ratio, clip_cov_lb=spec.clip_cov_lb,
-        clip_cov_ub=spec.clip_cov_ub, kl_cov_ratio=spec.kl_cov_ratio, ppo_kl_coef=spec.ppo_kl_coef,
-        tau_pos=spec.tau_pos, tau_neg=spec.tau_neg, loss_agg_mode=spec.loss_agg_mode, **counts)
+        spec.policy_loss, rollout_is_weights=is_weights, **counts)
     metrics.additive["pg_loss"] = pg_loss
     metrics.token_means.update({name: pg_metrics[name] for name in LOSS_TOKEN_METRICS if name in pg_metrics})
     loss = pg_loss
-    entropy_loss = aggregate_loss(entropy, mask, spec.loss_agg_mode, **counts)
+    entropy_loss = aggregate_loss(entropy, mask, spec.policy_loss.loss_agg_mode, **counts)
     metrics.additive["entropy"] = entropy_loss
     if spec.entropy_coeff:
         loss = loss - spec.entropy_coeff * entropy_loss
     if spec.use_kl_loss:
         kl = kl_penalty(spec.kl_loss_type, log_probs, micro.need("ref_log_probs", "update_actor (KL loss)"))
-        kl_loss = aggregate_loss(kl, mask, spec.loss_agg_mode, **counts)
+        kl_loss = aggregate_loss(kl, mask, spec.policy_loss.loss_agg_mode, **counts)
         metrics.additive["kl_loss"] = kl_loss
         loss = loss + spec.kl_loss_coef * kl_loss
     return LossTerms(loss, metrics)

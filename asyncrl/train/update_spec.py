@@ -10,16 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from asyncrl.algos import PolicyLossKnobs
 from asyncrl.config.schema import AsyncRLConfig
 
 
 @dataclass(frozen=True)
 class PolicyUpdateSpec:
     loss_mode: str                      # a key of algos.POLICY_LOSSES
-    loss_agg_mode: str
-    clip_ratio_low: float
-    clip_ratio_high: float
-    clip_ratio_c: float
+    policy_loss: PolicyLossKnobs        # the loss's configuration (its aggregation also reduces entropy and KL)
     entropy_coeff: float
     use_kl_loss: bool
     kl_loss_coef: float
@@ -39,13 +37,6 @@ class PolicyUpdateSpec:
     bypass_rs_level: Optional[str] = None
     bypass_rs_threshold: Optional[float] = None
     bypass_rs_threshold_lower: Optional[float] = None
-    clip_cov_ratio: float = 2e-4
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 2e-4
-    ppo_kl_coef: float = 0.1
-    tau_pos: float = 1.0                # sapo's gate temperatures, for A > 0 and A <= 0
-    tau_neg: float = 1.05
     # Mixture-of-experts models (`train/routing.py`): replay the rollout's experts; the load-balancing loss weight
     # (None: the model's config.json router_aux_loss_coef).
     routing_replay: bool = False
@@ -60,8 +51,7 @@ class PolicyUpdateSpec:
         if bypass and correction.loss_type == "reinforce":
             loss_mode = "reinforce"
         return cls(
-            loss_mode=loss_mode, loss_agg_mode=actor.loss_agg_mode, clip_ratio_low=actor.clip_ratio_low,
-            clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
+            loss_mode=loss_mode, policy_loss=PolicyLossKnobs.from_sections(actor.policy_loss, actor),
             entropy_coeff=actor.entropy_coeff, use_kl_loss=actor.use_kl_loss, kl_loss_coef=actor.kl_loss_coef,
             kl_loss_type=actor.kl_loss_type, ppo_epochs=actor.ppo_epochs,
             num_mini_batches=num_mini_batches(num_rows, actor.ppo_mini_batch_size * config.rollout.n),
@@ -74,10 +64,7 @@ class PolicyUpdateSpec:
             bypass_rs_level=correction.rollout_rs if bypass else None,
             bypass_rs_threshold=correction.rollout_rs_threshold,
             bypass_rs_threshold_lower=correction.rollout_rs_threshold_lower,
-            clip_cov_ratio=actor.policy_loss.clip_cov_ratio, clip_cov_lb=actor.policy_loss.clip_cov_lb,
-            clip_cov_ub=actor.policy_loss.clip_cov_ub, kl_cov_ratio=actor.policy_loss.kl_cov_ratio,
-            ppo_kl_coef=actor.policy_loss.ppo_kl_coef, tau_pos=actor.policy_loss.tau_pos,
-            tau_neg=actor.policy_loss.tau_neg, routing_replay=config.algorithm.routing_replay,
+            routing_replay=config.algorithm.routing_replay,
             router_aux_loss_coef=actor.router_aux_loss_coef,
         )
 

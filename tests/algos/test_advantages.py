@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from asyncrl.algos import ADVANTAGE_ESTIMATORS
+from asyncrl.algos import ADVANTAGE_ESTIMATORS, AdvantageKnobs
 
 from .helpers import append_padding, fill_padding, reference_whiten, valid_positions
 
@@ -49,10 +49,10 @@ def broadcast(per_sequence: list[float]) -> torch.Tensor:
     return torch.tensor(per_sequence, dtype=torch.float64)[:, None] * MASK
 
 
-def call(name, rewards, values, **overrides):
-    keywords = dict(values=values, reward_baselines=BASELINES)
-    keywords.update(overrides)
-    return ADVANTAGE_ESTIMATORS[name](rewards, MASK, GROUP_IDS, **keywords)
+def call(name, rewards, values, **knobs):
+    """The estimator on the module's batch, with `knobs` (AdvantageKnobs fields) over the defaults."""
+    return ADVANTAGE_ESTIMATORS[name](rewards, MASK, GROUP_IDS, AdvantageKnobs(**knobs), values=values,
+                                      reward_baselines=BASELINES)
 
 
 @pytest.mark.parametrize("norm_adv_by_std", [True, False])
@@ -68,7 +68,7 @@ def test_grpo_matches_loop(norm_adv_by_std):
             continue
         std = math.sqrt(sum((x - mean) ** 2 for x in members) / (len(members) - 1))
         expected.append((scores[i] - mean) / (std + 1e-6) if norm_adv_by_std else scores[i] - mean)
-    advantages, returns = call("grpo", rewards, values, norm_adv_by_std=norm_adv_by_std)
+    advantages, returns = call("grpo", rewards, values, norm_adv_by_std_in_grpo=norm_adv_by_std)
     torch.testing.assert_close(advantages, broadcast(expected))
     torch.testing.assert_close(returns, advantages)
     assert expected[3] == 0.0 and advantages[3].abs().max() == 0.0  # the singleton group
@@ -76,10 +76,10 @@ def test_grpo_matches_loop(norm_adv_by_std):
 
 def test_dr_grpo_never_divides_by_std():
     rewards, values = make_inputs()
-    expected, _ = call("grpo", rewards, values, norm_adv_by_std=False)
-    advantages, _ = call("dr_grpo", rewards, values, norm_adv_by_std=True)
+    expected, _ = call("grpo", rewards, values, norm_adv_by_std_in_grpo=False)
+    advantages, _ = call("dr_grpo", rewards, values, norm_adv_by_std_in_grpo=True)
     torch.testing.assert_close(advantages, expected)
-    assert not torch.allclose(advantages, call("grpo", rewards, values, norm_adv_by_std=True)[0])
+    assert not torch.allclose(advantages, call("grpo", rewards, values, norm_adv_by_std_in_grpo=True)[0])
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "gpg", "opo"])
@@ -212,7 +212,7 @@ def test_grpo_passk_matches_loop(norm_adv_by_std):
     scores = scores_of(rewards)
     expected = reference_passk(scores, norm_adv_by_std)
     assert sum(1 for a in expected if a != 0.0) == 2  # groups 7 and 3 push one row each; singleton 11 pushes none
-    advantages, returns = call("grpo_passk", rewards, values, norm_adv_by_std=norm_adv_by_std)
+    advantages, returns = call("grpo_passk", rewards, values, norm_adv_by_std_in_grpo=norm_adv_by_std)
     torch.testing.assert_close(advantages, broadcast(expected))
     torch.testing.assert_close(returns, advantages)
 
@@ -224,11 +224,11 @@ def test_grpo_passk_by_hand():
     rewards = torch.stack([torch.zeros_like(scores), scores], dim=1)  # outcome on the last token...
     rewards[7] = torch.tensor([3.0, math.nan], dtype=torch.float64)  # ...which for row 7 is t = 0
     group_ids = torch.tensor([5, 5, 5, 5, 9, 9, 9, 2])
-    unnormalised, _ = ADVANTAGE_ESTIMATORS["grpo_passk"](rewards, mask, group_ids, norm_adv_by_std=False)
+    unnormalised, _ = ADVANTAGE_ESTIMATORS["grpo_passk"](rewards, mask, group_ids, AdvantageKnobs(norm_adv_by_std_in_grpo=False))
     torch.testing.assert_close(unnormalised[:, 0], torch.tensor([0, 0.5, 0, 0, 0, 0, 0, 0], dtype=torch.float64))
     # group 5: mean 0.4375, squared deviations 0.19140625 + 0.31640625 + 0.03515625 + 0.00390625 = 0.546875
     std = math.sqrt(0.546875 / 3)
-    normalised, _ = ADVANTAGE_ESTIMATORS["grpo_passk"](rewards, mask, group_ids, norm_adv_by_std=True)
+    normalised, _ = ADVANTAGE_ESTIMATORS["grpo_passk"](rewards, mask, group_ids, AdvantageKnobs(norm_adv_by_std_in_grpo=True))
     torch.testing.assert_close(normalised, torch.tensor([0, 0.5 / (std + 1e-6), 0, 0, 0, 0, 0, 0],
                                                         dtype=torch.float64)[:, None] * mask)
 
@@ -264,7 +264,7 @@ def test_missing_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="gae.*values"):
         call("gae", rewards, None)
     with pytest.raises(ValueError, match="remax.*reward_baselines"):
-        call("remax", rewards, values, reward_baselines=None)
+        ADVANTAGE_ESTIMATORS["remax"](rewards, MASK, GROUP_IDS, values=values, reward_baselines=None)
     with pytest.raises(ValueError, match="valid names: .*grpo"):
         ADVANTAGE_ESTIMATORS["grpo_typo"]
     with pytest.raises(ValueError, match="group_ids"):
@@ -309,14 +309,14 @@ def test_every_estimator_has_the_same_signature():
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
 def test_padding_never_changes_a_result(name):
     rewards, values = make_inputs()
-    keywords = dict(values=values, reward_baselines=BASELINES, gamma=0.95, lam=0.9, norm_adv_by_std=True,
-                    epsilon=1e-6)
-    advantages, returns = ADVANTAGE_ESTIMATORS[name](rewards, MASK, GROUP_IDS, **keywords)
+    keywords = dict(values=values, reward_baselines=BASELINES)
+    knobs = AdvantageKnobs(gamma=0.95, lam=0.9, norm_adv_by_std_in_grpo=True)
+    advantages, returns = ADVANTAGE_ESTIMATORS[name](rewards, MASK, GROUP_IDS, knobs, **keywords)
     assert torch.isfinite(advantages).all() and torch.isfinite(returns).all()
     assert (advantages[MASK == 0] == 0).all() and (returns[MASK == 0] == 0).all()
     keywords["values"] = append_padding(values, 3, math.nan)
     padded_advantages, padded_returns = ADVANTAGE_ESTIMATORS[name](
-        append_padding(rewards, 3, math.inf), append_padding(MASK, 3, 0.0), GROUP_IDS, **keywords
+        append_padding(rewards, 3, math.inf), append_padding(MASK, 3, 0.0), GROUP_IDS, knobs, **keywords
     )
     torch.testing.assert_close(padded_advantages[:, :5], advantages)
     torch.testing.assert_close(padded_returns[:, :5], returns)
@@ -329,3 +329,12 @@ def test_bool_and_float_masks_agree(mask_dtype):
     expected, _ = ADVANTAGE_ESTIMATORS["grpo"](rewards, MASK, GROUP_IDS)
     actual, _ = ADVANTAGE_ESTIMATORS["grpo"](rewards, MASK.to(mask_dtype), GROUP_IDS)
     torch.testing.assert_close(actual, expected)
+
+
+def test_the_knob_record_is_the_algorithm_section_s_by_name_with_the_schema_s_defaults():
+    from asyncrl.config import load_config
+    from asyncrl.config.schema import AsyncRLConfig
+    assert AdvantageKnobs.from_sections(AsyncRLConfig().algorithm) == AdvantageKnobs()
+    algorithm = load_config(None, ["algorithm.gamma=0.9", "algorithm.lam=0.8",
+                                   "algorithm.norm_adv_by_std_in_grpo=false"]).algorithm
+    assert AdvantageKnobs.from_sections(algorithm) == AdvantageKnobs(0.9, 0.8, False)

@@ -7,9 +7,11 @@ import torch
 
 from asyncrl.algos import (
     ADVANTAGE_ESTIMATORS,
+    AdvantageKnobs,
     REJECTION_LEVELS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
+    PolicyLossKnobs,
     apply_kl_penalty,
     compute_rollout_correction,
     entropy_from_logits,
@@ -41,8 +43,8 @@ def test_policy_losses_on_cuda(name):
         log_probs = batch["log_probs"].clone().requires_grad_(True)
         generator = torch.Generator(device=device).manual_seed(3)  # exercises clip_cov on the device
         loss, metrics = POLICY_LOSSES[name](log_probs, batch["old_log_probs"], batch["advantages"], batch["mask"],
-                                            rollout_is_weights=torch.ones_like(log_probs), kl_cov_ratio=0.1,
-                                            generator=generator)
+                                            PolicyLossKnobs(kl_cov_ratio=0.1),
+                                            rollout_is_weights=torch.ones_like(log_probs), generator=generator)
         (gradient,) = torch.autograd.grad(loss, log_probs)
         results.append((loss.cpu(), gradient.cpu(), metrics))
     if name != "clip_cov":  # its random choice differs between CPU and CUDA generators
@@ -58,8 +60,8 @@ def test_advantages_on_cuda(name):
         batch = make_batch(device)
         rewards = fill_padding(batch["advantages"], batch["mask"], math.nan)
         outputs.append(ADVANTAGE_ESTIMATORS[name](
-            rewards, batch["mask"], batch["group_ids"], values=batch["old_log_probs"],
-            reward_baselines=torch.zeros(16, device=device), gamma=0.99, lam=0.95,
+            rewards, batch["mask"], batch["group_ids"], AdvantageKnobs(gamma=0.99, lam=0.95),
+            values=batch["old_log_probs"], reward_baselines=torch.zeros(16, device=device),
         ))
     torch.testing.assert_close(outputs[1][0].cpu(), outputs[0][0])
     torch.testing.assert_close(outputs[1][1].cpu(), outputs[0][1])

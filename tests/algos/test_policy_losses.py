@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from asyncrl.algos import LOSS_AGG_MODES, POLICY_LOSSES
+from asyncrl.algos import LOSS_AGG_MODES, POLICY_LOSSES, PolicyLossKnobs
 from asyncrl.algos.masked import metrics_to_floats
 
 from .helpers import append_padding, fill_padding, reference_aggregate, valid_positions
@@ -50,14 +50,15 @@ def vanilla_token(logp, old, advantage):
 
 
 def full_keywords(**overrides):
-    keywords = dict(
-        loss_agg_mode="token-mean", clip_ratio_low=LOW, clip_ratio_high=HIGH, clip_ratio_c=DUAL,
-        rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None, clip_cov_ratio=0.3,
-        clip_cov_lb=-10.0, clip_cov_ub=10.0, kl_cov_ratio=0.3, ppo_kl_coef=0.5, tau_pos=TAU_POS, tau_neg=TAU_NEG,
-        generator=torch.Generator().manual_seed(5),
-    )
-    keywords.update(overrides)
-    return keywords
+    """A call's keywords: the knob record (overrides of a knob land in it) and the batch's own values."""
+    knobs = dict(loss_agg_mode="token-mean", clip_ratio_low=LOW, clip_ratio_high=HIGH, clip_ratio_c=DUAL,
+                 clip_cov_ratio=0.3, clip_cov_lb=-10.0, clip_cov_ub=10.0, kl_cov_ratio=0.3, ppo_kl_coef=0.5,
+                 tau_pos=TAU_POS, tau_neg=TAU_NEG)
+    keywords = dict(rollout_is_weights=None, num_tokens=None, num_seqs=None, norm_length=None,
+                    generator=torch.Generator().manual_seed(5))
+    for name, value in overrides.items():
+        (knobs if name in knobs else keywords)[name] = value
+    return {"knobs": PolicyLossKnobs(**knobs), **keywords}
 
 
 def ppo_kl_reference(log_probs, old_log_probs) -> float:
@@ -109,7 +110,7 @@ def test_dual_clip_bounds_negative_advantages():
     old_log_probs = torch.zeros(1, 4, dtype=torch.float64)
     advantages = torch.tensor([[-1.0, -2.0, 0.5, -0.1]], dtype=torch.float64)
     mask = torch.ones(1, 4)
-    loss, metrics = POLICY_LOSSES["vanilla"](log_probs, old_log_probs, advantages, mask, clip_ratio_c=DUAL)
+    loss, metrics = POLICY_LOSSES["vanilla"](log_probs, old_log_probs, advantages, mask, PolicyLossKnobs(clip_ratio_c=DUAL))
     # negative advantages are capped at -A * c; the positive one is clipped at 1 + eps_high
     expected = (1.0 * DUAL + 2.0 * DUAL - 0.5 * 1.2 + 0.1 * DUAL) / 4
     assert loss.item() == pytest.approx(expected)
@@ -117,7 +118,7 @@ def test_dual_clip_bounds_negative_advantages():
     (gradient,) = torch.autograd.grad(loss, log_probs)
     assert gradient.abs().max() == 0.0  # every token is clipped one way or the other
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        POLICY_LOSSES["vanilla"](log_probs, old_log_probs, advantages, mask, clip_ratio_c=1.0)
+        POLICY_LOSSES["vanilla"](log_probs, old_log_probs, advantages, mask, PolicyLossKnobs(clip_ratio_c=1.0))
 
 
 def test_gspo_uses_sequence_ratio_with_per_token_gradient():
@@ -227,14 +228,14 @@ def test_sapo_by_hand_and_its_slope_at_the_anchor_is_ppo():
     log_probs = (old_log_probs + torch.tensor([[0.0, math.log(2.0)]], dtype=torch.float64)).requires_grad_(True)
     advantages = torch.tensor([[1.0, -1.0]], dtype=torch.float64)
     loss, _ = POLICY_LOSSES["sapo"](log_probs, old_log_probs, advantages, torch.ones(1, 2),
-                                    loss_agg_mode="seq-mean-token-mean")  # the defaults 1.0 and 1.05
+                                    PolicyLossKnobs(loss_agg_mode="seq-mean-token-mean"))  # tau 1.0 and 1.05
     sigmoid = 1.0 / (1.0 + math.exp(-1.05))  # 0.7408
     assert loss.item() == pytest.approx((-2.0 + sigmoid * 4.0 / 1.05) / 2)
     (gradient,) = torch.autograd.grad(loss, log_probs)
     assert float(gradient[0, 0]) == pytest.approx(-1.0 / 2)
     assert float(gradient[0, 1]) == pytest.approx(4.0 * sigmoid * (1.0 - sigmoid) * 2.0 / 2)
     with pytest.raises(ValueError, match="tau_pos=0.0 and tau_neg=1.05"):
-        POLICY_LOSSES["sapo"](log_probs, old_log_probs, advantages, torch.ones(1, 2), tau_pos=0.0)
+        POLICY_LOSSES["sapo"](log_probs, old_log_probs, advantages, torch.ones(1, 2), PolicyLossKnobs(tau_pos=0.0))
 
 
 def geo_mean_reference(log_probs, old_log_probs, advantages, weights=None):
@@ -291,7 +292,7 @@ def test_geo_mean_by_hand(sign, log_ratios, kept):
     log_probs = (old_log_probs + torch.tensor([log_ratios], dtype=torch.float64)).requires_grad_(True)
     advantages = torch.full((1, 2), sign, dtype=torch.float64)
     loss, metrics = POLICY_LOSSES["geo_mean"](log_probs, old_log_probs, advantages, torch.ones(1, 2),
-                                              loss_agg_mode="seq-mean-token-mean")
+                                              PolicyLossKnobs(loss_agg_mode="seq-mean-token-mean"))
     ratio = math.exp(sum(kept) / 2)
     assert loss.item() == pytest.approx(-sign * ratio)
     assert metrics["pg_clipfrac"] == pytest.approx(0.5)
@@ -364,6 +365,28 @@ def test_kl_cov_penalises_top_covariance_tokens():
     assert loss.item() == pytest.approx(float(torch.where(valid, per_token, 0.0).sum() / num_valid))
     assert metrics["pg_covfrac"] == pytest.approx(num_selected / num_valid)
     assert metrics["ppo_kl"] == pytest.approx(ppo_kl_reference(log_probs, old_log_probs))
+
+
+def test_the_knob_record_is_read_from_the_config_by_name_and_its_defaults_are_the_schema_s():
+    """A knob is a field of PolicyLossKnobs and a key of that name in actor.policy_loss (or actor): nothing else
+    carries it from the config to the losses, and the record's defaults are the config's."""
+    from dataclasses import dataclass, fields, make_dataclass
+
+    from asyncrl.config import load_config
+    from asyncrl.config.schema import AsyncRLConfig
+    actor = AsyncRLConfig().actor
+    assert PolicyLossKnobs.from_sections(actor.policy_loss, actor) == PolicyLossKnobs()
+    config = load_config(None, ["actor.policy_loss.clip_cov_ub=7.5", "actor.clip_ratio_high=0.28",
+                                "actor.loss_agg_mode=seq-mean-token-mean"])
+    knobs = PolicyLossKnobs.from_sections(config.actor.policy_loss, config.actor)
+    assert (knobs.clip_cov_ub, knobs.clip_ratio_high, knobs.loss_agg_mode) == (7.5, 0.28, "seq-mean-token-mean")
+    # A new knob: one field in the record, one key in the schema's section.
+    Knobs = make_dataclass("Knobs", [("new_knob", float, 0.5)], bases=(PolicyLossKnobs,), frozen=True)
+    Section = make_dataclass("Section", [(field.name, field.type, field.default) for field in
+                                         fields(type(actor.policy_loss))] + [("new_knob", float, 0.25)])
+    assert Knobs.from_sections(Section(), actor).new_knob == 0.25
+    with pytest.raises(TypeError, match="no config section holds new_knob"):
+        Knobs.from_sections(actor.policy_loss, actor)
 
 
 def test_every_loss_has_the_same_signature():

@@ -44,7 +44,7 @@ def test_sapo_temperatures_reach_the_loss_the_worker_computes():
     config = load_config(None, ["actor.policy_loss.loss_mode=sapo", "actor.policy_loss.tau_pos=2.0",
                                 "actor.policy_loss.tau_neg=4.0"])
     spec = PolicyUpdateSpec.from_config(config, num_rows=1, step=1)
-    assert (spec.loss_mode, spec.tau_pos, spec.tau_neg) == ("sapo", 2.0, 4.0)
+    assert (spec.loss_mode, spec.policy_loss.tau_pos, spec.policy_loss.tau_neg) == ("sapo", 2.0, 4.0)
     batch = TrainBatch.from_sequences([[1]], [[2, 3]], [0])
     log_probs = torch.tensor([[-0.5, -1.5]])
     micro = batch.replace(old_log_probs=log_probs.clone(), advantages=torch.tensor([[1.0, -1.0]]))

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from asyncrl.algos import ADVANTAGE_ESTIMATORS
+from asyncrl.algos import ADVANTAGE_ESTIMATORS, AdvantageKnobs
 from asyncrl.config import ConfigError, load_config
 from asyncrl.config.docs import render_configuration_markdown
 from asyncrl.launch import train
@@ -23,8 +23,8 @@ CALLS: list[tuple[torch.Tensor, torch.Tensor]] = []  # (advantages (B, T), respo
 
 
 @ADVANTAGE_ESTIMATORS.register("group_sign", needs_groups=True, summary="sign(r - group mean): +1, 0 or -1")
-def group_sign(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
-               gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+def group_sign(token_level_rewards, response_mask, group_ids, knobs=AdvantageKnobs(), *, values=None,
+               reward_baselines=None):
     """A_i = sign(r_i - mean of its group), on every valid token: only whether a response beat its group."""
     valid = response_mask.bool()
     scores = torch.where(valid, token_level_rewards, 0.0).sum(-1).double()  # (B,)

@@ -81,8 +81,7 @@ def test_algorithm_keys_list_their_registry_and_each_registry_has_a_table():
 
 
 def test_a_new_shipped_entry_makes_the_committed_reference_stale(monkeypatch):
-    def shipped(token_level_rewards, response_mask, group_ids, *, values=None, reward_baselines=None,
-                gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6):
+    def shipped(token_level_rewards, response_mask, group_ids, knobs=None, *, values=None, reward_baselines=None):
         return token_level_rewards, token_level_rewards
     entry = AdvantageEstimatorSpec(name="shipped", fn=shipped, summary="a new built-in estimator")
     builtins = ADVANTAGE_ESTIMATORS.builtin_specs()

@@ -91,6 +91,8 @@ def test_train_checks_the_folders_before_starting_ray(model_folder, tmp_path, mo
     ("trainer.resume=/nonexistent/step_3", r"trainer\.resume: checkpoint folder /nonexistent/step_3 does not exist"),
     ("rollout.backend=ray_replica", r"rollout\.backend: unknown rollout backend 'ray_replica'; did you mean "
                                     r"'ray_replicas'\?"),
+    ("rollout.multi_turn.format=hermez", r"rollout\.multi_turn\.format: unknown tool-call format 'hermez'; did you "
+                                         r"mean 'hermes'\?"),
 ])
 def test_train_checks_the_machine_and_the_rollout_backend_before_starting_ray(model_folder, monkeypatch, override,
                                                                                message):

@@ -22,6 +22,9 @@ is four products of our own around attention:
 - The products are programmatic dependent launches: each starts while the one before it finishes, setting up and
   requesting its first stages of weights before it waits for its input.
 
+What they implement: the families and layer flags of `models/layer_features.FUSED_DECODE_LAYERS`; a model with any
+other family or flag runs the model's layers (an error only where engine.decode_products='fused' asks for these).
+
 Numerics: the products round where the model's path does not (the folded weights are bf16, r is applied to the fp32
 accumulator instead of before a bf16 rounding of the normed input), so decode steps agree with the model's path to
 bf16 rounding, not bit for bit. Prefill runs the model's path.
@@ -37,6 +40,7 @@ from torch import Tensor
 
 from asyncrl.engine.attention import PagedAttention
 from asyncrl.engine.kernels.cuda_build import SOURCES, build_extension
+from asyncrl.models.layer_features import FUSED_DECODE_LAYERS
 from asyncrl.models.model_config import TransformerConfig
 from asyncrl.models.transformer import CausalLM
 
@@ -75,8 +79,9 @@ def unsupported_reason(model: CausalLM) -> str | None:
         return f"they need a Hopper GPU (sm_90), the model is on {weight.device}"
     if weight.dtype != torch.bfloat16:
         return f"they need bf16 weights, got {weight.dtype}"
-    if config.use_qk_norm or config.output_bias:
-        return "they do not cover per-head q/k norms or an o_proj bias"
+    reason = FUSED_DECODE_LAYERS.unsupported_reason(config)   # the families and layer flags implemented here
+    if reason is not None:
+        return reason
     products = {"hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size}
     for name, size in products.items():
         if size % 64 or size // 64 < DOWN_SPLITS:

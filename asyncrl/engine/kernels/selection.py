@@ -10,7 +10,8 @@ On CPU nothing is chosen (`KernelChoice.torch_paths()`): attention and sampling 
   `EngineConfig.decode_attention` asks; "auto" takes the CUDA kernel where it builds, else Triton with a warning;
 - sampling: our CUDA sampler (`cuda_sampler`), or the Triton one (`triton_sampler`) where it cannot be built;
 - a decode step's layers: the fused products of `fused_decode` where `EngineConfig.decode_products` asks for them
-  and they can run, else the model's own layers;
+  and they can run, which starts with their allow-list of families and layer flags
+  (`models/layer_features.FUSED_DECODE_LAYERS`), else the model's own layers;
 - decode steps replayed from CUDA graphs (`cuda_graph`) unless `enforce_eager`;
 - the decoder layers compiled with torch.compile (`EngineConfig.use_compile`), and CUDA's attention kept off the
   cuDNN backend (every prefill has a new shape, and cuDNN plans each one);
@@ -38,6 +39,7 @@ from asyncrl.engine.kv_cache import KVCache
 from asyncrl.engine.sampler import FusedSampleKernel, Sampler
 from asyncrl.models.attention import avoid_per_shape_attention_plans
 from asyncrl.models.compile import compile_decoder_layers
+from asyncrl.models.layer_features import FUSED_DECODE_LAYERS
 from asyncrl.models.lora import has_adapters
 from asyncrl.models.transformer import CausalLM
 
@@ -146,6 +148,13 @@ def load_fused_layers(model: CausalLM, config: EngineConfig, decode_attention: s
         if config.decode_products == "fused":
             raise RuntimeError("engine.decode_products='fused' cannot run LoRA adapters; use 'auto' or 'torch'")
         logger.info("engine.decode_products='auto' runs the model's layers: the model has LoRA adapters")
+        return None
+    reason = FUSED_DECODE_LAYERS.unsupported_reason(model.config)   # a family or layer flag they do not implement
+    if reason is not None:
+        if config.decode_products == "fused":
+            raise RuntimeError(f"engine.decode_products='fused' cannot run this model: {reason}; use 'auto' or "
+                               f"'torch'")
+        logger.info("engine.decode_products='auto' runs the model's layers: %s", reason)
         return None
     if config.decode_products == "auto":
         reason = fused_decode.slower_reason(model.config, max_rows, num_processors)

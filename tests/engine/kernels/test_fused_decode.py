@@ -21,6 +21,7 @@ from asyncrl.engine.kernels import fused_decode, selection
 from asyncrl.engine.kernels.fused_decode import (DOWN, GATE_UP, QKV, FusedDecodeLayers, O, launch_sizes,
                                          slower_reason)
 from asyncrl.models import CausalLM, build_tiny_model, fuse_projections, iter_named_tensors, load_model
+from asyncrl.models import layer_features
 from asyncrl.models.tiny import tiny_config
 
 from .test_cuda_engine import assert_within_bf16_noise, requests_for, wide_folder  # noqa: F401 (a fixture)
@@ -152,6 +153,39 @@ def test_auto_keeps_the_models_layers_where_a_fused_launch_would_take_two_waves(
     config = EngineConfig(device="cuda:0", dtype=torch.bfloat16)
     assert selection.load_fused_layers(model_stub(large), config, "cuda", 256, 132) is None
     assert "224 CTAs" in caplog.text
+
+
+@pytest.mark.parametrize(("family", "overrides", "reason"), [
+    ("qwen3", {}, "implement the llama, qwen2 families, not qwen3"),
+    ("mixtral", {}, "implement the llama, qwen2 families, not mixtral"),
+    ("llama", {"attention_bias": True}, "do not implement o_proj bias"),
+], ids=["qwen3", "mixtral", "llama-with-biases"])
+def test_a_family_or_flag_off_the_allow_list_runs_the_models_layers(monkeypatch, caplog, family, overrides, reason):
+    """Only what `FUSED_DECODE_LAYERS` lists runs fused: the rest takes the readable path under "auto" (before any
+    build is tried), and is an error naming what is missing where "fused" is asked for by name."""
+    monkeypatch.setattr(fused_decode, "load_fused_decode_layers", lambda model, max_rows: pytest.fail("built"))
+    model = model_stub(tiny_config(family, hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2,
+                                   **overrides))
+    caplog.set_level("INFO")
+    assert selection.load_fused_layers(model, EngineConfig(device="cuda:0", dtype=torch.bfloat16), "cuda", 8,
+                                       132) is None
+    assert reason in caplog.text
+    with pytest.raises(RuntimeError, match=f"decode_products='fused' cannot run this model: the fused decode "
+                                           f"layers {reason}"):
+        selection.load_fused_layers(model, EngineConfig(device="cuda:0", dtype=torch.bfloat16,
+                                                        decode_products="fused"), "cuda", 8, 132)
+
+
+def test_a_layer_flag_added_later_keeps_the_fused_layers_off_until_they_list_it(monkeypatch):
+    """A new flag (here a made-up sliding window) is on no allow-list: a listed family with it runs the model's
+    layers; without it the same model reaches the fused layers."""
+    monkeypatch.setattr(fused_decode, "load_fused_decode_layers", lambda model, max_rows: "fused layers")
+    model = model_stub(tiny_config("llama", hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2))
+    config = EngineConfig(device="cuda:0", dtype=torch.bfloat16)
+    assert selection.load_fused_layers(model, config, "cuda", 8, 132) == "fused layers"
+    flags = layer_features.layer_flags
+    monkeypatch.setattr(layer_features, "layer_flags", lambda model_config: flags(model_config) | {"sliding window"})
+    assert selection.load_fused_layers(model, config, "cuda", 8, 132) is None
 
 
 class TorchProducts:
