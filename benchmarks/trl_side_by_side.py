@@ -98,26 +98,26 @@ class Workload:
         return self.micro_batch_rows or self.rows_per_step
 
 
+GPU_LEARN = Workload(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=2, intermediate_size=2048,
+                   prompts_per_step=32, n=8, response_length=144, steps=40, lr=2e-5,
+                   task_knobs=(("min_digits", "3"), ("max_digits", "4"), ("operators", "+"),
+                               ("sloppy_teacher", "0.5"), ("tail_median", "16"), ("tail_cap", "128")),
+                   device="cuda", ignore_eos=False, micro_batch_rows=64, val_size=256, eval_every=5,
+                   sft_rows=400_000, sft_epochs=1.0, sft_lr=6e-4, sft_batch_size=256)
+
 WORKLOADS = {
     "issue": Workload(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=688,
                       prompts_per_step=16, n=8, response_length=64, steps=8),
     "demo": Workload(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256,
                      prompts_per_step=32, n=8, response_length=4, steps=25),
-    "gpu-learn": Workload(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=2, intermediate_size=2048,
-                          prompts_per_step=32, n=8, response_length=144, steps=40, lr=2e-5,
-                          task_knobs=(("min_digits", "3"), ("max_digits", "4"), ("operators", "+"),
-                                      ("sloppy_teacher", "0.5"), ("tail_median", "16"), ("tail_cap", "128")),
-                          device="cuda", ignore_eos=False, micro_batch_rows=64, val_size=256, eval_every=5,
-                          sft_rows=400_000, sft_epochs=1.0, sft_lr=6e-4, sft_batch_size=256),
+    "gpu-learn": GPU_LEARN,
     # gpu-learn is learned by the first validation (RL only has to drop a stutter that half the teacher's answers
     # have): here the teacher stutters 4 times in 5, so greedy decoding starts near 0%, the warm start sees half the
     # rows, and the learning rate is halved, so the curve takes tens of steps and time to accuracy separates systems.
-    "gpu-learn-slow": Workload(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=2, intermediate_size=2048,
-                               prompts_per_step=32, n=8, response_length=144, steps=40, lr=1e-5,
-                               task_knobs=(("min_digits", "3"), ("max_digits", "4"), ("operators", "+"),
-                                           ("sloppy_teacher", "0.8"), ("tail_median", "16"), ("tail_cap", "128")),
-                               device="cuda", ignore_eos=False, micro_batch_rows=64, val_size=256, eval_every=4,
-                               sft_rows=200_000, sft_epochs=1.0, sft_lr=6e-4, sft_batch_size=256),
+    "gpu-learn-slow": dataclasses.replace(
+        GPU_LEARN, lr=1e-5, eval_every=4, sft_rows=200_000,
+        task_knobs=(("min_digits", "3"), ("max_digits", "4"), ("operators", "+"), ("sloppy_teacher", "0.8"),
+                    ("tail_median", "16"), ("tail_cap", "128"))),
     # The learning workload's plumbing at a size a CPU runs in a minute or two (tests of the script, not a figure).
     "cpu-learn-smoke": Workload(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256,
                                 prompts_per_step=8, n=4, response_length=24, steps=4, lr=1e-4,

@@ -10,22 +10,18 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from asyncrl.core.records import Sample, samples_to_batch
 from asyncrl.data.records import PromptRecord, TokenizedPrompt
 from asyncrl.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
-from asyncrl.models import build_tiny_model, load_model, load_tokenizer
+from asyncrl.models import build_tiny_model, load_model
 from asyncrl.models.routing import Routing
 from asyncrl.rollout.agent import Trajectory
-from asyncrl.rollout.agent.loop import AgentLoop, AgentSettings
-from asyncrl.rollout.tools import ToolExecutor, load_tools
 from asyncrl.train.forward import response_log_probs
 
-from .test_on_policy import always_a_call
+from .test_on_policy import NUM_TURNS, calculator_agent
 
 NUM_EXPERTS = 4
-NUM_TURNS = 3
 
 
 class SyncingGenerator:
@@ -50,13 +46,7 @@ def moe_agent(tmp_path_factory):
     folder = build_tiny_model(tmp_path_factory.mktemp("moe") / "qwen3_moe", family="qwen3_moe", seed=3,
                               init_std=0.2, hidden_size=32, num_layers=2, max_position_embeddings=256,
                               num_experts=NUM_EXPERTS, num_experts_per_tok=2)
-    tokenizer = load_tokenizer(folder)
-    tools = tmp_path_factory.mktemp("tools") / "tools.yaml"
-    tools.write_text(yaml.safe_dump({"tools": [{"class_name": "calculator"}]}))
-    agent = AgentLoop(ToolExecutor(load_tools(tools), 5.0, 1), tokenizer, always_a_call,
-                      AgentSettings(max_assistant_turns=NUM_TURNS))
-    stop_ids = tuple(tokenizer.encode("0123456789", add_special_tokens=False)) + (tokenizer.eos_token_id,)
-    return folder, tokenizer, agent, stop_ids
+    return (folder, *calculator_agent(folder, tmp_path_factory))
 
 
 def run_trajectory(moe_agent, index: int, sync_after_first: bool) -> tuple[Sample, SyncingGenerator]:

@@ -46,17 +46,24 @@ class EngineGenerator:
         return self.engine.generate(requests)
 
 
-@pytest.fixture(scope="module")
-def rollout(tmp_path_factory):
-    """Trajectories of the tiny model with the calculator, their samples, and the model folder."""
-    folder = build_tiny_model(tmp_path_factory.mktemp("tiny"), hidden_size=32, num_layers=2,
-                              max_position_embeddings=256)
+def calculator_agent(folder, tmp_path_factory) -> tuple:
+    """The model's tokenizer, an agent loop whose every turn calls the real calculator (NUM_TURNS turns at most),
+    and the stop ids that end its turns early: digits and EOS."""
     tokenizer = load_tokenizer(folder)
     tools = tmp_path_factory.mktemp("tools") / "tools.yaml"
     tools.write_text(yaml.safe_dump({"tools": [{"class_name": "calculator"}]}))
     agent = AgentLoop(ToolExecutor(load_tools(tools), 5.0, 1), tokenizer, always_a_call,
                       AgentSettings(max_assistant_turns=NUM_TURNS))
     stop_ids = tuple(tokenizer.encode("0123456789", add_special_tokens=False)) + (tokenizer.eos_token_id,)
+    return tokenizer, agent, stop_ids
+
+
+@pytest.fixture(scope="module")
+def rollout(tmp_path_factory):
+    """Trajectories of the tiny model with the calculator, their samples, and the model folder."""
+    folder = build_tiny_model(tmp_path_factory.mktemp("tiny"), hidden_size=32, num_layers=2,
+                              max_position_embeddings=256)
+    tokenizer, agent, stop_ids = calculator_agent(folder, tmp_path_factory)
     generator = EngineGenerator(LLMEngine(folder, EngineConfig(device="cpu")))
     samples = []
     for index, problem in enumerate(PROBLEMS):
